@@ -1,0 +1,19 @@
+"""The ATen -> JAX lowering table, one module per op family.
+
+Import it as ``tpu_inductor.lowerings`` (never as a top-level ``lowerings``).
+"""
+
+from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its family)
+    convolution,
+    creation,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    random,
+    reductions,
+    views,
+)
+from tpu_inductor.lowerings.registry import LOWERINGS, LoweringContext, register_lowering
+
+__all__ = ["LOWERINGS", "LoweringContext", "register_lowering"]

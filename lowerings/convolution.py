@@ -1,0 +1,370 @@
+"""Convolutions and pooling windows, each one XLA op, with their backward ops.
+
+Backward ops are the VJP of the forward lowering (``jax.vjp``): XLA gets the transposed
+convolution / window ops it knows how to optimize, and the gradient can't drift from the
+forward definition.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from tpu_inductor.lowerings.registry import register_lowering
+
+aten = torch.ops.aten
+
+
+def _tup(v, n):
+    v = list(v) if isinstance(v, list | tuple) else [v]
+    return tuple(v * n if len(v) == 1 else v)
+
+
+def _dimension_numbers(n):
+    sp = "DHW"[-n:] if n <= 3 else None
+    return (f"NC{sp}", f"OI{sp}", f"NC{sp}")
+
+
+def conv(
+    input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, precision
+):
+    """torch.nn.functional.conv{1,2,3}d / conv_transpose as one ``conv_general_dilated``."""
+    n = weight.ndim - 2
+    unbatched = input.ndim == n + 1
+    if unbatched:
+        input = input[None]
+    stride, dilation = _tup(stride, n), _tup(dilation, n)
+    padding = _tup(padding, n)
+    pref = jnp.float32 if input.dtype in (jnp.float16, jnp.bfloat16) else None
+    if not transposed:
+        out = lax.conv_general_dilated(
+            input,
+            weight,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=_dimension_numbers(n),
+            feature_group_count=groups,
+            precision=precision,
+            preferred_element_type=pref,
+        )
+    else:
+        output_padding = _tup(output_padding, n)
+        # weight: (in, out/groups, k...) -> (out, in/groups, k...), spatially flipped.
+        cin = weight.shape[0]
+        w = weight.reshape(groups, cin // groups, *weight.shape[1:])
+        w = jnp.swapaxes(w, 1, 2).reshape(-1, cin // groups, *weight.shape[2:])
+        w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
+        pads = [
+            (d * (k - 1) - p, d * (k - 1) - p + op)
+            for k, p, d, op in zip(weight.shape[2:], padding, dilation, output_padding, strict=True)
+        ]
+        out = lax.conv_general_dilated(
+            input,
+            w,
+            window_strides=(1,) * n,
+            padding=pads,
+            lhs_dilation=stride,
+            rhs_dilation=dilation,
+            dimension_numbers=_dimension_numbers(n),
+            feature_group_count=groups,
+            precision=precision,
+            preferred_element_type=pref,
+        )
+    out = out.astype(input.dtype)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * n).astype(out.dtype)
+    return out[0] if unbatched else out
+
+
+# aten::convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,
+#                   SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups)
+@register_lowering(aten.convolution.default)
+def convolution(
+    ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+):
+    return conv(
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        transposed,
+        output_padding,
+        groups,
+        ctx.precision,
+    )
+
+
+# aten::convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes,
+#   SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed,
+#   SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+@register_lowering(aten.convolution_backward.default)
+def convolution_backward(
+    ctx,
+    grad_output,
+    input,
+    weight,
+    bias_sizes,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+):
+    def f(x, w):
+        return conv(
+            x, w, None, stride, padding, dilation, transposed, output_padding, groups, ctx.precision
+        )
+
+    _, vjp = jax.vjp(f, input, weight)
+    gx, gw = vjp(grad_output.astype(input.dtype))
+    gb = None
+    if output_mask[2]:
+        axes = (0,) + tuple(range(2, grad_output.ndim))
+        gb = jnp.sum(grad_output.astype(jnp.float32), axis=axes).astype(grad_output.dtype)
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+# --- pooling ------------------------------------------------------------------------------------
+
+
+def _pool_geometry(size, k, s, p, d, ceil_mode):
+    """Output length and (low, high) padding for one spatial dim, torch's ceil_mode rule."""
+    eff = d * (k - 1) + 1
+    num = size + 2 * p - eff
+    out = (num + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    high = max((out - 1) * s + eff - size - p, 0)
+    return out, (p, high)
+
+
+def _window(x, kernel_size, stride, padding, dilation, ceil_mode, n):
+    k = _tup(kernel_size, n)
+    s = _tup(stride, n) if stride else k
+    p = _tup(padding, n)
+    d = _tup(dilation, n)
+    geo = [_pool_geometry(x.shape[-n + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(n)]
+    lead = x.ndim - n
+    return (
+        (1,) * lead + k,
+        (1,) * lead + s,
+        ((0, 0),) * lead + tuple(g[1] for g in geo),
+        (1,) * lead + d,
+    )
+
+
+def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n):
+    """Max pooling with torch's flat per-plane indices (first max wins, NaN is max)."""
+    dims, strides, pads, dil = _window(x, kernel_size, stride, padding, dilation, ceil_mode, n)
+    spatial = x.shape[-n:]
+    flat = jnp.arange(int(np.prod(spatial)), dtype=jnp.int64).reshape(spatial)
+    idx = jnp.broadcast_to(flat, x.shape)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        init = jnp.array(-jnp.inf, x.dtype)
+    else:
+        init = jnp.array(jnp.iinfo(x.dtype).min, x.dtype)
+
+    def pick(a, b):
+        av, ai = a
+        bv, bi = b
+        take_a = (av > bv) | ((av == bv) & (ai < bi)) | (jnp.isnan(av) & ~jnp.isnan(bv))
+        if jnp.issubdtype(av.dtype, jnp.floating):
+            take_a = take_a | (jnp.isnan(av) & jnp.isnan(bv) & (ai < bi))
+        return jnp.where(take_a, av, bv), jnp.where(take_a, ai, bi)
+
+    vals, inds = lax.reduce_window(
+        (x, idx),
+        (init, jnp.array(-1, jnp.int64)),
+        pick,
+        dims,
+        strides,
+        pads,
+        window_dilation=dil,
+    )
+    return vals, inds
+
+
+# aten::max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], ...)
+@register_lowering(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(
+    ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
+):
+    return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
+
+
+@register_lowering(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(
+    ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
+):
+    return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3)
+
+
+def _max_pool_backward(grad_output, self, indices, n):
+    lead = self.shape[:-n]
+    plane = int(np.prod(self.shape[-n:]))
+    g = grad_output.reshape(-1, int(np.prod(grad_output.shape[-n:])))
+    i = indices.reshape(g.shape)
+    rows = jnp.arange(g.shape[0])[:, None]
+    out = jnp.zeros((g.shape[0], plane), jnp.float32).at[rows, i].add(g.astype(jnp.float32))
+    return out.astype(self.dtype).reshape(*lead, *self.shape[-n:])
+
+
+# aten::max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size,
+#   int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
+@register_lowering(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(
+    ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
+):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@register_lowering(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(
+    ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
+):
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
+    """Average pooling with torch's divisor rules (padding counted or not, ceil_mode tails)."""
+    dims, strides, pads, _ = _window(x, kernel_size, stride, padding, 1, ceil_mode, n)
+    acc = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    summed = lax.reduce_window(x.astype(acc), jnp.array(0, acc), lax.add, dims, strides, pads)
+    if divisor_override:
+        return (summed / divisor_override).astype(x.dtype)
+    p = _tup(padding, n)
+    spatial = x.shape[-n:]
+    if count_include_pad:
+        # Positions inside the symmetrically padded input count; the ceil_mode tail doesn't.
+        ones = jnp.ones(tuple(s + 2 * pi for s, pi in zip(spatial, p, strict=True)), acc)
+        cpads = tuple((0, hi - lo) for lo, hi in pads[-n:])
+    else:
+        ones = jnp.ones(spatial, acc)
+        cpads = pads[-n:]
+    counts = lax.reduce_window(ones, jnp.array(0, acc), lax.add, dims[-n:], strides[-n:], cpads)
+    return (summed / counts).astype(x.dtype)
+
+
+# aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0,
+#   bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+@register_lowering(aten.avg_pool2d.default)
+def avg_pool2d(
+    ctx,
+    self,
+    kernel_size,
+    stride=(),
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return avg_pool(
+        self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2
+    )
+
+
+@register_lowering(aten.avg_pool3d.default)
+def avg_pool3d(
+    ctx,
+    self,
+    kernel_size,
+    stride=(),
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return avg_pool(
+        self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3
+    )
+
+
+@register_lowering(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(
+    ctx,
+    grad_output,
+    self,
+    kernel_size,
+    stride,
+    padding,
+    ceil_mode,
+    count_include_pad,
+    divisor_override,
+):
+    f = lambda x: avg_pool(
+        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2
+    )
+    return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
+
+
+@register_lowering(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(
+    ctx,
+    grad_output,
+    self,
+    kernel_size,
+    stride,
+    padding,
+    ceil_mode,
+    count_include_pad,
+    divisor_override,
+):
+    f = lambda x: avg_pool(
+        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3
+    )
+    return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
+
+
+def _adaptive_matrix(size, out):
+    """(out, size) averaging matrix with torch's adaptive windows [floor(i*n/o), ceil((i+1)*n/o))."""
+    m = np.zeros((out, size), np.float64)
+    for i in range(out):
+        start = (i * size) // out
+        end = -((-(i + 1) * size) // out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+def adaptive_avg_pool(x, output_size, n):
+    acc = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    out = x.astype(acc)
+    for i, o in enumerate(_tup(output_size, n)):
+        axis = x.ndim - n + i
+        m = jnp.asarray(_adaptive_matrix(x.shape[axis], o), acc)
+        out = jnp.moveaxis(
+            jnp.tensordot(
+                jnp.moveaxis(out, axis, -1), m.T, axes=1, precision=lax.Precision.HIGHEST
+            ),
+            -1,
+            axis,
+        )
+    return out.astype(x.dtype)
+
+
+@register_lowering(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(ctx, self, output_size):
+    return adaptive_avg_pool(self, output_size, 2)
+
+
+@register_lowering(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(ctx, self, output_size):
+    return adaptive_avg_pool(self, output_size, 3)
+
+
+@register_lowering(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(ctx, grad_output, self):
+    f = lambda x: adaptive_avg_pool(x, grad_output.shape[-2:], 2)
+    return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
+
+
+@register_lowering(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(ctx, grad_output, self):
+    f = lambda x: adaptive_avg_pool(x, grad_output.shape[-3:], 3)
+    return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]

@@ -1,0 +1,374 @@
+"""Neural-network ops: softmax, normalization, dropout, embedding, attention, and the
+backward ops AOTAutograd emits for them that have no Core ATen decomposition.
+
+Half-precision inputs compute statistics in float32, like torch's CPU kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from tpu_inductor.lowerings.registry import register_lowering
+
+aten = torch.ops.aten
+
+_HALF = (jnp.float16, jnp.bfloat16)
+
+
+def _acc(x):
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+# aten::_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
+@register_lowering(aten._softmax.default)
+def softmax(ctx, self, dim, half_to_float=False):
+    if self.ndim == 0:
+        return jnp.ones((), ctx.out_dtype())
+    return jax.nn.softmax(_acc(self), axis=dim).astype(ctx.out_dtype())
+
+
+@register_lowering(aten._log_softmax.default)
+def log_softmax(ctx, self, dim, half_to_float=False):
+    if self.ndim == 0:
+        return jnp.zeros((), ctx.out_dtype())
+    return jax.nn.log_softmax(_acc(self), axis=dim).astype(ctx.out_dtype())
+
+
+# aten::_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype)
+@register_lowering(aten._softmax_backward_data.default)
+def softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
+    g, y = _acc(grad_output), _acc(output)
+    return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).astype(ctx.out_dtype())
+
+
+@register_lowering(aten._log_softmax_backward_data.default)
+def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
+    g, y = _acc(grad_output), _acc(output)
+    return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
+
+
+def layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = _acc(x)
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = (xf - mean) * rstd
+    if weight is not None:
+        out = out * _acc(weight)
+    if bias is not None:
+        out = out + _acc(bias)
+    return out.astype(x.dtype), mean, rstd
+
+
+# aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,
+#                         float eps) -> (Tensor, Tensor, Tensor)
+@register_lowering(aten.native_layer_norm.default)
+def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
+    out, mean, rstd = layer_norm(input, normalized_shape, weight, bias, eps)
+    return out, mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
+
+
+# aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape,
+#   Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask)
+@register_lowering(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(ctx, grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                               output_mask):
+    # Analytic form from the saved statistics (eps is already folded into rstd).
+    axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
+    lead = tuple(range(input.ndim - len(normalized_shape)))
+    n = math.prod(input.shape[a] for a in axes)
+    g = _acc(grad_out)
+    xhat = (_acc(input) - _acc(mean)) * _acc(rstd)
+    gxhat = g * _acc(weight) if weight is not None else g
+    gx = (_acc(rstd) / n) * (
+        n * gxhat
+        - jnp.sum(gxhat, axis=axes, keepdims=True)
+        - xhat * jnp.sum(gxhat * xhat, axis=axes, keepdims=True)
+    )
+    gw = jnp.sum(g * xhat, axis=lead).astype(weight.dtype) if weight is not None else None
+    gb = jnp.sum(g, axis=lead).astype(bias.dtype) if bias is not None else None
+    out = (gx.astype(input.dtype), gw, gb)
+    return tuple(v if m else None for v, m in zip(out, output_mask, strict=True))
+
+
+def _bn_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _bn_shape(x):
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _bn_apply(x, mean, rstd, weight, bias):
+    s = _bn_shape(x)
+    out = (_acc(x) - mean.reshape(s)) * rstd.reshape(s)
+    if weight is not None:
+        out = out * _acc(weight).reshape(s)
+    if bias is not None:
+        out = out + _acc(bias).reshape(s)
+    return out.astype(x.dtype)
+
+
+def _bn_train(x, weight, bias, running_mean, running_var, momentum, eps):
+    axes = _bn_axes(x)
+    xf = _acc(x)
+    mean = jnp.mean(xf, axis=axes)
+    var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
+    rstd = lax.rsqrt(var + eps)
+    out = _bn_apply(x, mean, rstd, weight, bias)
+    new_rm = new_rv = None
+    if running_mean is not None:
+        n = x.size // x.shape[1]
+        unbiased = var * (n / max(n - 1, 1))
+        new_rm = ((1 - momentum) * running_mean + momentum * mean).astype(running_mean.dtype)
+        new_rv = ((1 - momentum) * running_var + momentum * unbiased).astype(running_var.dtype)
+    return out, mean, rstd, new_rm, new_rv
+
+
+# aten::_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias,
+#   Tensor running_mean, Tensor running_var, bool training, float momentum, float eps)
+#   -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
+@register_lowering(aten._native_batch_norm_legit_functional.default)
+def batch_norm_functional(
+    ctx, input, weight, bias, running_mean, running_var, training, momentum, eps
+):
+    if training:
+        out, mean, rstd, rm, rv = _bn_train(
+            input, weight, bias, running_mean, running_var, momentum, eps
+        )
+        return out, mean, rstd, rm, rv
+    rstd = lax.rsqrt(_acc(running_var) + eps)
+    out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
+    return (
+        out,
+        jnp.zeros(ctx.out[1].shape, ctx.out_dtype(1)),
+        jnp.zeros(ctx.out[2].shape, ctx.out_dtype(2)),
+        running_mean,
+        running_var,
+    )
+
+
+# aten::_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias,
+#   Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+@register_lowering(aten._native_batch_norm_legit_no_training.default)
+def batch_norm_no_training(ctx, input, weight, bias, running_mean, running_var, momentum, eps):
+    rstd = lax.rsqrt(_acc(running_var) + eps)
+    out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
+    return (
+        out,
+        jnp.zeros(ctx.out[1].shape, ctx.out_dtype(1)),
+        jnp.zeros(ctx.out[2].shape, ctx.out_dtype(2)),
+    )
+
+
+@register_lowering(aten._native_batch_norm_legit.no_stats)
+def batch_norm_no_stats(ctx, input, weight, bias, training, momentum, eps):
+    out, mean, rstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
+    return out, mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
+
+
+# aten::native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight,
+#   Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd,
+#   bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+@register_lowering(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(
+    ctx,
+    grad_out,
+    input,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_invstd,
+    train,
+    eps,
+    output_mask,
+):
+    def f(x, w):
+        if train:
+            return _bn_train(x, w, None, None, None, 0.0, eps)[0]
+        return _bn_apply(x, _acc(running_mean), lax.rsqrt(_acc(running_var) + eps), w, None)
+
+    w = weight if weight is not None else jnp.ones((input.shape[1],), input.dtype)
+    _, vjp = jax.vjp(f, input, w)
+    gx, gw = vjp(grad_out.astype(input.dtype))
+    gb = jnp.sum(_acc(grad_out), axis=_bn_axes(input)).astype(w.dtype)
+    return tuple(v if m else None for v, m in zip((gx, gw, gb), output_mask, strict=True))
+
+
+# aten::native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C,
+#   SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
+@register_lowering(aten.native_group_norm.default)
+def native_group_norm(ctx, input, weight, bias, N, C, HxW, group, eps):
+    x = _acc(input).reshape(N, group, -1)
+    mean = jnp.mean(x, axis=-1)
+    var = jnp.mean(jnp.square(x - mean[..., None]), axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    out = ((x - mean[..., None]) * rstd[..., None]).reshape(input.shape)
+    s = (1, -1) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * _acc(weight).reshape(s)
+    if bias is not None:
+        out = out + _acc(bias).reshape(s)
+    return out.astype(input.dtype), mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
+
+
+# aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+@register_lowering(aten.native_dropout.default, random=True)
+def native_dropout(ctx, input, p, train):
+    if train is False or p == 0:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    if p >= 1:
+        return jnp.zeros_like(input), jnp.zeros(input.shape, jnp.bool_)
+    keep = jax.random.uniform(ctx.key(), input.shape, jnp.float32) < (1 - p)
+    out = jnp.where(keep, _acc(input) * np.float32(1 / (1 - p)), 0).astype(input.dtype)
+    return out, keep
+
+
+@register_lowering(aten.native_dropout_backward.default)
+def native_dropout_backward(ctx, grad_output, mask, scale):
+    return (grad_output * mask.astype(grad_output.dtype) * scale).astype(grad_output.dtype)
+
+
+# aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, ...) -> Tensor
+@register_lowering(aten.embedding.default)
+def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0, mode="clip")
+
+
+# aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights,
+#   SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
+@register_lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(
+    ctx, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
+):
+    idx = indices.reshape(-1)
+    g = _acc(grad_output).reshape(idx.shape[0], -1)
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
+    return out.astype(ctx.out_dtype())
+
+
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None):
+    """Scaled dot-product attention (math form) returning output and float32 logsumexp."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = jnp.einsum("...le,...se->...ls", _acc(q), _acc(k), precision=precision) * scale
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        s = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), s, -jnp.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == jnp.bool_:
+            s = jnp.where(attn_mask, s, -jnp.inf)
+        else:
+            s = s + _acc(attn_mask)
+    lse = jax.nn.logsumexp(s, axis=-1)
+    p = jnp.exp(s - lse[..., None])
+    p = jnp.where(jnp.isnan(p), 0, p)
+    out = jnp.einsum("...ls,...se->...le", p, _acc(v), precision=precision)
+    return out.astype(q.dtype), lse.astype(jnp.float32)
+
+
+# aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value,
+#   float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None)
+#   -> (Tensor output, Tensor logsumexp)
+@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def sdpa_flash_cpu(
+    ctx, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None
+):
+    if dropout_p:
+        raise NotImplementedError("attention dropout inside the compiled region")
+    out, lse = attention(query, key, value, attn_mask, is_causal, scale, ctx.precision)
+    return out, lse.astype(ctx.out_dtype(1))
+
+
+@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def sdpa_flash_cpu_backward(
+    ctx,
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    dropout_p,
+    is_causal,
+    attn_mask=None,
+    scale=None,
+):
+    f = lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale, ctx.precision)[0]
+    _, vjp = jax.vjp(f, query, key, value)
+    return vjp(grad_out.astype(query.dtype))
+
+
+# aten::_transformer_encoder_layer_fwd(...): nn.TransformerEncoderLayer's inference fast path.
+@register_lowering(aten._transformer_encoder_layer_fwd.default)
+def transformer_encoder_layer_fwd(
+    ctx,
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    norm_weight_1,
+    norm_bias_1,
+    norm_weight_2,
+    norm_bias_2,
+    ffn_weight_1,
+    ffn_bias_1,
+    ffn_weight_2,
+    ffn_bias_2,
+    mask=None,
+    mask_type=None,
+):
+    prec = ctx.precision
+    B, L, E = src.shape
+    hd = E // num_heads
+
+    def lin(x, w, b):
+        return jnp.matmul(x, w.T, precision=prec) + b
+
+    def mha(x):
+        q, k, v = jnp.split(lin(x, qkv_weight, qkv_bias), 3, axis=-1)
+        q, k, v = (t.reshape(B, L, num_heads, hd).transpose(0, 2, 1, 3) for t in (q, k, v))
+        m = None
+        if mask is not None:
+            # NOTE: True marks positions to ignore (nn.MultiheadAttention convention).
+            if mask_type == 1:  # key padding mask (B, S)
+                m = mask[:, None, None, :]
+            else:  # (L, S) or (B, H, L, S)
+                m = mask
+            m = ~m if m.dtype == jnp.bool_ else m
+        o, _ = attention(q, k, v, m, False, None, prec)
+        return lin(o.transpose(0, 2, 1, 3).reshape(B, L, E), proj_weight, proj_bias)
+
+    act = (lambda h: jax.nn.gelu(h, approximate=False)) if use_gelu else jax.nn.relu
+
+    def ffn(x):
+        return lin(act(lin(x, ffn_weight_1, ffn_bias_1)), ffn_weight_2, ffn_bias_2)
+
+    def ln(x, w, b):
+        return layer_norm(x, (E,), w, b, eps)[0]
+
+    x = src
+    if norm_first:
+        x = x + mha(ln(x, norm_weight_1, norm_bias_1))
+        x = x + ffn(ln(x, norm_weight_2, norm_bias_2))
+    else:
+        x = ln(x + mha(x), norm_weight_1, norm_bias_1)
+        x = ln(x + ffn(x), norm_weight_2, norm_bias_2)
+    return x

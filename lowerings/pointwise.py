@@ -1,0 +1,463 @@
+"""Elementwise ops: unary math, binary arithmetic, comparisons, logic, casts.
+
+Promotion is declared per row (torch's ELEMENTWISE_TYPE_PROMOTION_KIND); the registry casts
+inputs to the computation dtype (float32 for half types, like torch's opmath) and the result to
+the result dtype, so the functions here see already-promoted arrays.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from jax.scipy import special
+from tpu_inductor.lowerings.registry import P, register_lowering
+
+aten = torch.ops.aten
+
+
+def _unary(f):
+    return lambda ctx, self: f(self)
+
+
+def _binary(f):
+    return lambda ctx, self, other: f(self, other)
+
+
+# --- unary float math: ints and bools compute in the default float dtype ------------------------
+UNARY_FLOAT = {
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.log1p.default: jnp.log1p,
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.sigmoid.default: jax.nn.sigmoid,
+    aten.erf.default: special.erf,
+    aten.erfc.default: special.erfc,
+    aten.erfinv.default: special.erfinv,
+    aten.lgamma.default: special.gammaln,
+    aten.digamma.default: special.digamma,
+    aten.reciprocal.default: jnp.reciprocal,
+    aten.i0.default: special.i0,
+    aten.special_i0e.default: special.i0e,
+    aten.special_i1.default: special.i1,
+    aten.special_i1e.default: special.i1e,
+    aten.special_ndtri.default: special.ndtri,
+    aten.special_erfcx.default: special.erfcx,
+    aten.sinc.default: jnp.sinc,
+    aten.deg2rad.default: jnp.deg2rad,
+    aten.rad2deg.default: jnp.rad2deg,
+}
+for _op, _f in UNARY_FLOAT.items():
+    register_lowering(_op, promote=P.INT_TO_FLOAT)(_unary(_f))
+
+# --- unary ops that keep the input dtype -----------------------------------------------------------
+UNARY_SAME = {
+    aten.neg.default: jnp.negative,
+    aten.abs.default: jnp.abs,
+    aten.relu.default: lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
+    aten.sign.default: jnp.sign,
+    aten.floor.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.floor(x),
+    aten.ceil.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.ceil(x),
+    aten.trunc.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.trunc(x),
+    aten.frac.default: lambda x: x - jnp.trunc(x),
+    # NOTE: jnp.round rounds half to even, like torch.
+    aten.round.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.round(x),
+    aten.bitwise_not.default: lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else ~x,
+    aten.positive.default: lambda x: x,
+}
+for _op, _f in UNARY_SAME.items():
+    register_lowering(_op, promote=P.DEFAULT)(_unary(_f))
+
+# --- predicates -----------------------------------------------------------------------------------
+PREDICATES = {
+    aten.isnan.default: jnp.isnan,
+    aten.isinf.default: jnp.isinf,
+    aten.isposinf.default: jnp.isposinf,
+    aten.isneginf.default: jnp.isneginf,
+    aten.isfinite.default: jnp.isfinite,
+    aten.signbit.default: jnp.signbit,
+    aten.logical_not.default: jnp.logical_not,
+}
+for _op, _f in PREDICATES.items():
+    register_lowering(_op)(lambda ctx, self, _f=_f: _f(self))
+
+# --- binary arithmetic ----------------------------------------------------------------------------
+BINARY_DEFAULT = {
+    aten.mul: jnp.multiply,
+    aten.maximum: jnp.maximum,
+    aten.minimum: jnp.minimum,
+    aten.fmax: jnp.fmax,
+    aten.fmin: jnp.fmin,
+    aten.bitwise_and: lambda a, b: a & b,
+    aten.bitwise_or: lambda a, b: a | b,
+    aten.bitwise_xor: lambda a, b: a ^ b,
+    aten.copysign: jnp.copysign,
+    aten.nextafter: jnp.nextafter,
+    # NOTE: torch's remainder takes the divisor's sign (Python %); fmod the dividend's (C).
+    aten.remainder: jnp.remainder,
+    aten.fmod: jnp.fmod,
+}
+BINARY_FLOAT = {
+    aten.atan2: jnp.arctan2,
+    aten.hypot: jnp.hypot,
+    aten.logaddexp: jnp.logaddexp,
+    aten.logaddexp2: jnp.logaddexp2,
+    aten.xlogy: special.xlogy,
+    aten.special_xlog1py: special.xlog1py,
+    aten.igamma: special.gammainc,
+    aten.igammac: special.gammaincc,
+}
+COMPARISONS = {
+    aten.eq: jnp.equal,
+    aten.ne: jnp.not_equal,
+    aten.lt: jnp.less,
+    aten.le: jnp.less_equal,
+    aten.gt: jnp.greater,
+    aten.ge: jnp.greater_equal,
+    aten.logical_and: jnp.logical_and,
+    aten.logical_or: jnp.logical_or,
+    aten.logical_xor: jnp.logical_xor,
+}
+
+
+def _overloads(packet, names=("Tensor", "Scalar", "default", "self")):
+    return [getattr(packet, n) for n in names if n in packet.overloads()]
+
+
+for _table, _kind in ((BINARY_DEFAULT, P.DEFAULT), (BINARY_FLOAT, P.INT_TO_FLOAT)):
+    for _packet, _f in _table.items():
+        register_lowering(*_overloads(_packet), promote=_kind, promote_args=(0, 1))(_binary(_f))
+for _packet, _f in COMPARISONS.items():
+    # Compare in the promoted dtype; the registry turns the result into bool.
+    register_lowering(*_overloads(_packet), promote=P.ALWAYS_BOOL, promote_args=(0, 1))(_binary(_f))
+
+
+# aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+@register_lowering(aten.add.Tensor, aten.add.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
+def add(ctx, self, other, alpha=1):
+    if alpha != 1:
+        other = other * alpha
+    if self.dtype == jnp.bool_:
+        return jnp.logical_or(self, other)
+    return jnp.add(self, other)
+
+
+# aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+@register_lowering(aten.sub.Tensor, aten.sub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
+def sub(ctx, self, other, alpha=1):
+    if alpha != 1:
+        other = other * alpha
+    return jnp.subtract(self, other)
+
+
+# aten::rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+@register_lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
+def rsub(ctx, self, other, alpha=1):
+    return jnp.subtract(other, self * alpha if alpha != 1 else self)
+
+
+# aten::div.Tensor(Tensor self, Tensor other) -> Tensor
+@register_lowering(aten.div.Tensor, aten.div.Scalar, promote=P.INT_TO_FLOAT, promote_args=(0, 1))
+def div(ctx, self, other):
+    return jnp.true_divide(self, other)
+
+
+# aten::div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(ctx, self, other, rounding_mode=None):
+    dtype = ctx.out_dtype()
+    compute = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+    a = jnp.asarray(self).astype(compute)
+    b = jnp.asarray(other).astype(compute)
+    if rounding_mode is None:
+        out = a / b
+    elif rounding_mode == "floor":
+        out = _floor_divide(a, b)
+    else:
+        # NOTE: integer trunc division is C division (lax.div); float is trunc(a / b).
+        out = lax.div(a, b) if jnp.issubdtype(compute, jnp.integer) else jnp.trunc(a / b)
+    return out.astype(dtype)
+
+
+def _floor_divide(a, b):
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return jnp.floor_divide(a, b)
+    # NOTE: torch's float floor division is floor((a - fmod(a, b)) / b) with a correction.
+    mod = jnp.fmod(a, b)
+    d = (a - mod) / b
+    d = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), d - 1, d)
+    fd = jnp.floor(d)
+    fd = jnp.where(d - fd > 0.5, fd + 1, fd)
+    fd = jnp.where(d == 0, jnp.copysign(jnp.zeros_like(d), a / b), fd)
+    return jnp.where(b == 0, a / b, fd)
+
+
+# aten::floor_divide(Tensor self, Tensor other) -> Tensor
+@register_lowering(
+    aten.floor_divide.default, aten.floor_divide.Scalar, promote=P.DEFAULT, promote_args=(0, 1)
+)
+def floor_divide(ctx, self, other):
+    return _floor_divide(jnp.asarray(self), jnp.asarray(other, dtype=jnp.asarray(self).dtype))
+
+
+# aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor
+@register_lowering(
+    aten.pow.Tensor_Tensor,
+    aten.pow.Tensor_Scalar,
+    aten.pow.Scalar,
+    promote=P.DEFAULT,
+    promote_args=(0, 1),
+)
+def pow_(ctx, self, exponent):
+    if isinstance(exponent, int | float) and not isinstance(exponent, bool):
+        if float(exponent).is_integer() and abs(exponent) <= 64:
+            base = jnp.asarray(self)
+            if exponent >= 0 or jnp.issubdtype(base.dtype, jnp.inexact):
+                return lax.integer_pow(base, int(exponent))
+    base = jnp.asarray(self)
+    exp = jnp.asarray(exponent, dtype=base.dtype) if not hasattr(exponent, "dtype") else exponent
+    if jnp.issubdtype(base.dtype, jnp.integer):
+        # NOTE: torch rejects negative integer exponents for integer tensors eagerly; here
+        # they give 0 (or +-1 for bases of +-1), what C integer pow gives.
+        return _int_pow(base, exp.astype(base.dtype))
+    return jnp.power(base, exp)
+
+
+def _int_pow(base, exp):
+    base, exp = jnp.broadcast_arrays(base, exp)
+    neg = exp < 0
+    e = jnp.where(neg, 0, exp)
+    result = jnp.ones_like(base)
+
+    def body(i, carry):
+        result, b, e = carry
+        result = jnp.where(e & 1, result * b, result)
+        return result, b * b, e >> 1
+
+    bits = base.dtype.itemsize * 8
+    result, _, _ = lax.fori_loop(0, bits, body, (result, base, e))
+    neg_val = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(exp & 1, -1, 1), 0))
+    return jnp.where(neg, neg_val.astype(base.dtype), result)
+
+
+# aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
+@register_lowering(
+    aten.where.self,
+    aten.where.ScalarSelf,
+    aten.where.ScalarOther,
+    aten.where.Scalar,
+    promote=P.NO_OPMATH,
+    promote_args=(1, 2),
+)
+def where(ctx, condition, self, other):
+    return jnp.where(condition, self, other)
+
+
+# aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
+@register_lowering(aten.clamp.default, aten.clamp.Tensor, promote=P.DEFAULT)
+def clamp(ctx, self, min=None, max=None):
+    # NOTE: NaN in self propagates (maximum/minimum propagate NaN), like torch.
+    out = self
+    if min is not None:
+        out = jnp.maximum(out, jnp.asarray(min, dtype=out.dtype))
+    if max is not None:
+        out = jnp.minimum(out, jnp.asarray(max, dtype=out.dtype))
+    return out
+
+
+@register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote=P.DEFAULT)
+def clamp_min(ctx, self, min):
+    return jnp.maximum(self, jnp.asarray(min, dtype=self.dtype))
+
+
+@register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote=P.DEFAULT)
+def clamp_max(ctx, self, max):
+    return jnp.minimum(self, jnp.asarray(max, dtype=self.dtype))
+
+
+# aten::gelu(Tensor self, *, str approximate="none") -> Tensor
+@register_lowering(aten.gelu.default, promote=P.DEFAULT)
+def gelu(ctx, self, approximate="none"):
+    if approximate == "tanh":
+        return jax.nn.gelu(self, approximate=True)
+    return self * 0.5 * (1.0 + special.erf(self * np.float32(1 / np.sqrt(2))).astype(self.dtype))
+
+
+@register_lowering(aten.silu.default, promote=P.DEFAULT)
+def silu(ctx, self):
+    return self * jax.nn.sigmoid(self)
+
+
+@register_lowering(aten.hardtanh.default, promote=P.DEFAULT)
+def hardtanh(ctx, self, min_val=-1.0, max_val=1.0):
+    return jnp.clip(self, min_val, max_val)
+
+
+@register_lowering(aten.leaky_relu.default, promote=P.DEFAULT)
+def leaky_relu(ctx, self, negative_slope=0.01):
+    return jnp.where(self > 0, self, self * negative_slope)
+
+
+@register_lowering(aten.elu.default, promote=P.DEFAULT)
+def elu(ctx, self, alpha=1.0, scale=1.0, input_scale=1.0):
+    return jnp.where(self > 0, self * scale, jnp.expm1(self * input_scale) * alpha * scale)
+
+
+@register_lowering(aten.softplus.default, promote=P.DEFAULT)
+def softplus(ctx, self, beta=1.0, threshold=20.0):
+    return jnp.where(self * beta > threshold, self, jnp.log1p(jnp.exp(self * beta)) / beta)
+
+
+@register_lowering(aten.mish.default, promote=P.DEFAULT)
+def mish(ctx, self):
+    return self * jnp.tanh(jax.nn.softplus(self))
+
+
+@register_lowering(aten.hardsigmoid.default, promote=P.DEFAULT)
+def hardsigmoid(ctx, self):
+    return jnp.clip(self / 6 + 0.5, 0, 1)
+
+
+@register_lowering(aten.hardswish.default, promote=P.DEFAULT)
+def hardswish(ctx, self):
+    return self * jnp.clip(self / 6 + 0.5, 0, 1)
+
+
+# aten::lerp.Scalar(Tensor self, Tensor end, Scalar weight) -> Tensor
+@register_lowering(aten.lerp.Scalar, aten.lerp.Tensor, promote=P.DEFAULT)
+def lerp(ctx, self, end, weight):
+    # NOTE: torch's two-sided formula, exact at weight 0 and 1.
+    diff = end - self
+    return jnp.where(jnp.abs(weight) < 0.5, self + weight * diff, end - diff * (1 - weight))
+
+
+@register_lowering(
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_left_shift.Tensor_Scalar,
+    aten.bitwise_left_shift.Scalar_Tensor,
+    aten.__lshift__.Tensor,
+    aten.__lshift__.Scalar,
+    promote=P.DEFAULT,
+    promote_args=(0, 1),
+)
+def left_shift(ctx, self, other):
+    a = jnp.asarray(self)
+    b = jnp.asarray(other, dtype=a.dtype)
+    return lax.shift_left(*jnp.broadcast_arrays(a, b))
+
+
+@register_lowering(
+    aten.bitwise_right_shift.Tensor,
+    aten.bitwise_right_shift.Tensor_Scalar,
+    aten.bitwise_right_shift.Scalar_Tensor,
+    aten.__rshift__.Tensor,
+    aten.__rshift__.Scalar,
+    promote=P.DEFAULT,
+    promote_args=(0, 1),
+)
+def right_shift(ctx, self, other):
+    a = jnp.asarray(self)
+    b = jnp.asarray(other, dtype=a.dtype)
+    a, b = jnp.broadcast_arrays(a, b)
+    if jnp.issubdtype(a.dtype, jnp.signedinteger):
+        return lax.shift_right_arithmetic(a, b)
+    return lax.shift_right_logical(a, b)
+
+
+# aten::_to_copy(Tensor self, *, ScalarType? dtype=None, ...) -> Tensor
+@register_lowering(aten._to_copy.default)
+def to_copy(
+    ctx,
+    self,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    memory_format=None,
+):
+    return _cast(self, ctx.out_dtype())
+
+
+def _cast(x, dtype):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(
+        dtype, jnp.complexfloating
+    ):
+        x = jnp.real(x)
+    return x.astype(dtype)
+
+
+@register_lowering(
+    aten.clone.default,
+    aten.alias.default,
+    aten.lift_fresh_copy.default,
+    aten.lift_fresh.default,
+    aten.detach.default,
+)
+def clone(ctx, self, memory_format=None):
+    return self
+
+
+# aten::copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+@register_lowering(aten.copy.default)
+def copy(ctx, self, src, non_blocking=False):
+    return jnp.broadcast_to(_cast(src, self.dtype), self.shape)
+
+
+@register_lowering(aten.fill.Scalar, aten.fill.Tensor)
+def fill(ctx, self, value):
+    return jnp.full(self.shape, value, dtype=self.dtype)
+
+
+@register_lowering(aten.nan_to_num.default, promote=P.DEFAULT)
+def nan_to_num(ctx, self, nan=None, posinf=None, neginf=None):
+    return jnp.nan_to_num(self, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@register_lowering(aten.sgn.default)
+def sgn(ctx, self):
+    return jnp.sign(self)
+
+
+@register_lowering(aten.addcmul.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
+def addcmul(ctx, self, tensor1, tensor2, value=1):
+    return self + value * tensor1 * tensor2
+
+
+@register_lowering(aten.addcdiv.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
+def addcdiv(ctx, self, tensor1, tensor2, value=1):
+    return self + value * tensor1 / tensor2
+
+
+def _register_fma():
+    # prims.fma appears in graphs (e.g. from lerp/AdamW) once torch._prims has loaded it.
+    import torch._prims  # noqa: F401
+
+    fma = getattr(torch.ops.prims, "fma", None)
+    if fma is not None:
+        register_lowering(fma.default, promote=P.DEFAULT, promote_args=(0, 1, 2))(
+            lambda ctx, a, b, c: a * b + c
+        )
+
+
+_register_fma()

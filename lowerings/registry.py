@@ -1,0 +1,146 @@
+"""The ATen -> JAX lowering table and the decorator that fills it.
+
+A lowering is a pure function ``fn(ctx, *args, **kwargs)``: ``ctx`` is a
+:class:`LoweringContext`, the rest are the ATen schema's arguments by their schema names, with
+tensors as ``jax.Array`` and everything else as plain Python values. Type promotion is declared
+at registration (``promote=``) with torch's own rules, so lowerings never rely on ``jnp``'s
+implicit promotion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from tpu_inductor.dtypes import to_jax_dtype
+
+P = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+
+@dataclasses.dataclass
+class LoweringContext:
+    """What a lowering may know besides its arguments.
+
+    Attributes:
+        node: the FX node being lowered (``node.meta["val"]`` is the output spec).
+        precision: the ``jax.lax.Precision`` for float32 matmuls and convolutions.
+        arg_metas: the node's positional arguments with FX nodes replaced by their
+            ``meta["val"]`` (FakeTensors / SymInts), for promotion decisions.
+        make_key: returns a fresh, per-node ``jax.random`` key (only valid while tracing).
+    """
+
+    node: Any
+    precision: Any
+    arg_metas: tuple
+    make_key: Callable[[], jax.Array] | None = None
+
+    @property
+    def out(self):
+        """The node's ``meta["val"]``: a FakeTensor, or a tuple of them."""
+        return self.node.meta.get("val")
+
+    def out_dtype(self, index: int | None = None):
+        """The JAX dtype torch gives this node's output (``index`` for multi-output ops)."""
+        val = self.out if index is None else self.out[index]
+        return to_jax_dtype(val.dtype)
+
+    def key(self) -> jax.Array:
+        """A fresh PRNG key derived from torch's generator for this call and this node."""
+        if self.make_key is None:
+            raise RuntimeError("random lowering called outside a traced graph")
+        return self.make_key()
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """One registered lowering: the function and how its inputs are promoted."""
+
+    op: OpOverload
+    fn: Callable[..., Any]
+    promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None
+    promote_args: tuple[int, ...] | None
+    random: bool
+
+    def __call__(self, ctx: LoweringContext, args: Sequence, kwargs: dict) -> Any:
+        if self.promote is None:
+            return self.fn(ctx, *args, **kwargs)
+        idx = (
+            self.promote_args
+            if self.promote_args is not None
+            else [i for i, a in enumerate(ctx.arg_metas) if _is_promotable(a)]
+        )
+        metas = [ctx.arg_metas[i] for i in idx if i < len(ctx.arg_metas)]
+        metas = [m for m in metas if _is_promotable(m)]
+        compute, result = elementwise_dtypes(*metas, type_promotion_kind=self.promote)
+        compute = to_jax_dtype(compute)
+        args = list(args)
+        for i in idx:
+            if i < len(args) and isinstance(args[i], jax.Array | jax.core.Tracer):
+                args[i] = args[i].astype(compute)
+        out = self.fn(ctx, *args, **kwargs)
+        return out.astype(to_jax_dtype(result))
+
+
+def _is_promotable(meta) -> bool:
+    return isinstance(meta, torch.Tensor | bool | int | float | complex | torch.SymInt)
+
+
+LOWERINGS: dict[OpOverload, Lowering] = {}
+
+
+def _expand(op) -> list[OpOverload]:
+    if isinstance(op, OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    if isinstance(op, OpOverload):
+        return [op]
+    raise TypeError(f"register_lowering expects ATen ops, got {op!r}")
+
+
+def register_lowering(
+    *ops,
+    promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None = None,
+    promote_args: Sequence[int] | None = None,
+    random: bool = False,
+) -> Callable:
+    """Register ``fn`` as the lowering of every overload in ``ops``.
+
+    Args:
+        ops: ``OpOverload`` s, or packets (expanded to all their overloads).
+        promote: torch's elementwise promotion kind; tensor arguments are cast to the
+            computation dtype before ``fn`` runs and the result to the result dtype after.
+        promote_args: positions of the arguments that take part in promotion (default: every
+            tensor or number argument).
+        random: the op draws random numbers (the graph then receives a key per call).
+
+    Raises:
+        ValueError: if an overload already has a lowering.
+    """
+
+    def decorate(fn):
+        for packet in ops:
+            for op in _expand(packet):
+                if op in LOWERINGS:
+                    raise ValueError(f"{op} is registered twice")
+                LOWERINGS[op] = Lowering(
+                    op, fn, promote, tuple(promote_args) if promote_args else None, random
+                )
+        return fn
+
+    return decorate
+
+
+def jdt(dtype: torch.dtype | None, default=None):
+    """JAX dtype of an optional torch dtype argument (``None`` -> ``default``)."""
+    return default if dtype is None else to_jax_dtype(dtype)
+
+
+def ensure_array(x, dtype=None) -> jax.Array:
+    """A Python scalar or array as a JAX array (of ``dtype`` when given)."""
+    return jnp.asarray(x, dtype=dtype)

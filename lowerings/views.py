@@ -1,0 +1,230 @@
+"""Shape and layout ops: views, reshapes, permutations, slicing, concatenation, padding.
+
+JAX arrays have no strides, so every view becomes a value; AOTAutograd's functionalization
+guarantees no one writes through these views.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from tpu_inductor.lowerings.registry import register_lowering
+
+aten = torch.ops.aten
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + max(ndim, 1) if d < 0 else d
+
+
+def _shape(ctx, shape):
+    """Concrete output shape: torch's -1 resolved from the node's meta."""
+    return tuple(int(s) for s in ctx.out.shape)
+
+
+@register_lowering(
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default
+)
+def view(ctx, self, size):
+    return jnp.reshape(self, _shape(ctx, size))
+
+
+@register_lowering(aten.view.dtype)
+def view_dtype(ctx, self, dtype):
+    out = ctx.out_dtype()
+    if out.itemsize == self.dtype.itemsize:
+        return lax.bitcast_convert_type(self, out)
+    if out.itemsize < self.dtype.itemsize:
+        y = lax.bitcast_convert_type(self, out)
+        return y.reshape(*self.shape[:-1], -1)
+    ratio = out.itemsize // self.dtype.itemsize
+    y = self.reshape(*self.shape[:-1], self.shape[-1] // ratio, ratio)
+    return lax.bitcast_convert_type(y, out)
+
+
+@register_lowering(aten.permute.default)
+def permute(ctx, self, dims):
+    return jnp.transpose(self, [_dim(d, self.ndim) for d in dims])
+
+
+@register_lowering(aten.transpose.int)
+def transpose(ctx, self, dim0, dim1):
+    return jnp.swapaxes(self, _dim(dim0, self.ndim), _dim(dim1, self.ndim))
+
+
+@register_lowering(aten.t.default)
+def t(ctx, self):
+    return self.T
+
+
+@register_lowering(aten.expand.default, aten.expand_copy.default)
+def expand(ctx, self, size, implicit=False):
+    return jnp.broadcast_to(self, _shape(ctx, size))
+
+
+@register_lowering(aten.unsqueeze.default)
+def unsqueeze(ctx, self, dim):
+    return jnp.expand_dims(self, _dim(dim, self.ndim + 1))
+
+
+@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(ctx, self, dim=None):
+    if self.ndim == 0:
+        return self
+    dims = range(self.ndim) if dim is None else (dim if isinstance(dim, list | tuple) else [dim])
+    dims = tuple(d for d in (_dim(d, self.ndim) for d in dims) if self.shape[d] == 1)
+    return jnp.squeeze(self, dims) if dims else self
+
+
+def _norm_slice(start, end, size):
+    start = 0 if start is None else start
+    end = size if end is None or end >= sys.maxsize // 2 else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end
+
+
+# aten::slice.Tensor(Tensor self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1)
+@register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(ctx, self, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, self.ndim)
+    start, end = _norm_slice(start, end, self.shape[dim])
+    return lax.slice_in_dim(self, start, end, step, axis=dim)
+
+
+@register_lowering(aten.select.int, aten.select_copy.int)
+def select(ctx, self, dim, index):
+    dim = _dim(dim, self.ndim)
+    index = index + self.shape[dim] if index < 0 else index
+    return lax.index_in_dim(self, index, axis=dim, keepdims=False)
+
+
+@register_lowering(aten.narrow.default)
+def narrow(ctx, self, dim, start, length):
+    dim = _dim(dim, self.ndim)
+    start = start + self.shape[dim] if start < 0 else start
+    return lax.slice_in_dim(self, start, start + length, axis=dim)
+
+
+@register_lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def split_with_sizes(ctx, self, split_sizes, dim=0):
+    dim = _dim(dim, self.ndim)
+    offsets = np.cumsum([0, *split_sizes])
+    return tuple(
+        lax.slice_in_dim(self, int(a), int(b), axis=dim)
+        for a, b in zip(offsets[:-1], offsets[1:], strict=True)
+    )
+
+
+@register_lowering(aten.split.Tensor, aten.split_copy.Tensor)
+def split(ctx, self, split_size, dim=0):
+    dim = _dim(dim, self.ndim)
+    n = self.shape[dim]
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if n else [0]
+    return split_with_sizes(ctx, self, sizes, dim)
+
+
+@register_lowering(aten.unbind.int, aten.unbind_copy.int)
+def unbind(ctx, self, dim=0):
+    dim = _dim(dim, self.ndim)
+    return tuple(
+        lax.index_in_dim(self, i, axis=dim, keepdims=False) for i in range(self.shape[dim])
+    )
+
+
+# aten::cat(Tensor[] tensors, int dim=0) -> Tensor
+@register_lowering(aten.cat.default)
+def cat(ctx, tensors, dim=0):
+    dtype = ctx.out_dtype()
+    # NOTE: torch skips legacy 1-d empty tensors in cat whatever the other shapes are.
+    parts = [t.astype(dtype) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not parts:
+        return jnp.zeros(tuple(ctx.out.shape), dtype)
+    return jnp.concatenate(parts, axis=_dim(dim, parts[0].ndim))
+
+
+@register_lowering(aten.stack.default)
+def stack(ctx, tensors, dim=0):
+    dtype = ctx.out_dtype()
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=_dim(dim, tensors[0].ndim + 1))
+
+
+@register_lowering(aten.flip.default)
+def flip(ctx, self, dims):
+    return jnp.flip(self, [_dim(d, self.ndim) for d in dims]) if dims else self
+
+
+@register_lowering(aten.roll.default)
+def roll(ctx, self, shifts, dims=()):
+    if not dims:
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+    return jnp.roll(self, shifts, [_dim(d, self.ndim) for d in dims])
+
+
+@register_lowering(aten.repeat.default)
+def repeat(ctx, self, repeats):
+    return jnp.tile(self, repeats)
+
+
+# aten::constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+@register_lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx, self, pad, value=0):
+    # torch lists (before, after) pairs from the last dim backwards; negatives crop.
+    config = [(0, 0, 0)] * self.ndim
+    for i in range(len(pad) // 2):
+        config[self.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(self, jnp.asarray(value, dtype=self.dtype), config)
+
+
+@register_lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(ctx, self, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(self, offset, _dim(dim1, self.ndim), _dim(dim2, self.ndim))
+
+
+@register_lowering(aten.view_as_real.default)
+def view_as_real(ctx, self):
+    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+
+
+@register_lowering(aten.view_as_complex.default)
+def view_as_complex(ctx, self):
+    return lax.complex(self[..., 0], self[..., 1])
+
+
+@register_lowering(aten.real.default)
+def real(ctx, self):
+    return jnp.real(self)
+
+
+@register_lowering(aten.imag.default)
+def imag(ctx, self):
+    return jnp.imag(self)
+
+
+# aten::as_strided(Tensor self, SymInt[] size, SymInt[] stride, SymInt? storage_offset) -> Tensor
+@register_lowering(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(ctx, self, size, stride, storage_offset=None):
+    # NOTE: strides index the input's contiguous storage (functionalization hands us bases).
+    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + (np.arange(n) * s).reshape(shape)
+    return jnp.reshape(self, -1)[jnp.asarray(index)] if index.size else jnp.zeros(size, self.dtype)
+
+
+@register_lowering(aten.unfold.default)
+def unfold(ctx, self, dimension, size, step):
+    if self.ndim == 0:
+        return jnp.reshape(self, (1,))
+    dim = _dim(dimension, self.ndim)
+    n = (self.shape[dim] - size) // step + 1
+    idx = np.arange(n)[:, None] * step + np.arange(size)[None, :]
+    out = jnp.take(self, jnp.asarray(idx), axis=dim)  # [..., n, size, ...]
+    return jnp.moveaxis(out, dim + 1, -1)

@@ -1,0 +1,32 @@
+"""tpu-inductor: a pure-Python ``torch.compile`` backend that runs Core ATen through JAX.
+
+Use it without importing anything::
+
+    model = torch.compile(model, backend="tpu")
+
+Importing this package has no global side effects: it does not enable ``jax_enable_x64``,
+rename PrivateUse1, change torch defaults or start a JAX backend.
+"""
+
+from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
+from tpu_inductor.errors import (
+    InvalidOptionError,
+    LoweringError,
+    ShapeMismatchError,
+    TpuInductorError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InvalidOptionError",
+    "LoweringError",
+    "ShapeMismatchError",
+    "TpuInductorError",
+    "UnsupportedDtypeError",
+    "UnsupportedOpError",
+    "tpu_backend",
+    "tpu_inductor_backend",
+]

@@ -1,0 +1,151 @@
+"""The Dynamo backend entry points: ``backend="tpu"`` and ``backend="tpu_inductor"``.
+
+Both are registered through the ``torch_dynamo_backends`` entry-point group (see
+pyproject.toml), so ``torch.compile(model, backend="tpu")`` works without importing this
+package. This module wires the stages: options -> AOTAutograd capture -> lowering -> jit ->
+runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import torch
+import torch.fx as fx
+
+from tpu_inductor import cache, capture
+from tpu_inductor.config import Options, parse_options
+from tpu_inductor.lower import check_dtypes, lower_graph
+from tpu_inductor.runtime import CompiledGraph, ResidentInputs, platform_of, select_device
+
+log = logging.getLogger("tpu_inductor")
+
+ENTRY_POINT_GROUP = "torch_dynamo_backends"
+
+
+def tpu_backend(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
+):
+    """Compile a Dynamo graph for the best JAX device (``torch.compile(backend="tpu")``).
+
+    Args:
+        gm: the torch-level FX graph Dynamo captured.
+        example_inputs: its example inputs (FakeTensors, SymInts).
+        options: ``torch.compile(..., options={...})``; see :class:`tpu_inductor.config.Options`.
+
+    Returns:
+        A callable running the graph through JAX, forward and backward.
+
+    Example:
+        >>> model = torch.compile(torch.nn.Linear(4, 4), backend="tpu")
+        >>> model(torch.randn(2, 4)).shape
+        torch.Size([2, 4])
+    """
+    opts = parse_options(options)
+    return _aot_backend(opts)(gm, example_inputs)
+
+
+def tpu_inductor_backend(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
+):
+    """The same backend under the name ``"tpu_inductor"``, which no other package claims.
+
+    If another package owns the name ``"tpu"`` (TorchTPU registers one too), this warns once
+    so the user knows which backend ``"tpu"`` reaches.
+    """
+    _warn_if_tpu_name_taken()
+    return tpu_backend(gm, example_inputs, options)
+
+
+@functools.cache
+def _warn_if_tpu_name_taken() -> None:
+    from importlib.metadata import entry_points
+
+    others = [
+        ep for ep in entry_points(group=ENTRY_POINT_GROUP, name="tpu") if not _is_ours(ep.value)
+    ]
+    if others:
+        owners = ", ".join(f"{ep.value} ({getattr(ep.dist, 'name', '?')})" for ep in others)
+        warnings.warn(
+            f"another package also registers the torch.compile backend 'tpu': {owners}. "
+            "Use backend='tpu_inductor' to be sure to get tpu-inductor.",
+            stacklevel=3,
+        )
+
+
+def _is_ours(value: str) -> bool:
+    return value.startswith("tpu_inductor.")
+
+
+def _aot_backend(opts: Options):
+    device = select_device(opts.device)
+    if opts.cache_dir:
+        cache.enable_persistent_cache(opts.cache_dir)
+
+    def compiler(kind: str):
+        def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
+            static = capture.static_input_positions() if kind != "backward" else ()
+            return compile_graph(gm, opts, device, kind=kind, static_positions=static)
+
+        return compile_fn
+
+    return capture.aot_backend(compiler("forward"), compiler("backward"), compiler("inference"))
+
+
+def compile_graph(
+    gm: fx.GraphModule,
+    opts: Options,
+    device: jax.Device,
+    *,
+    kind: str = "inference",
+    static_positions: Sequence[int] = (),
+) -> CompiledGraph:
+    """Lower one functional ATen graph and wrap it for AOTAutograd.
+
+    Args:
+        gm: the ATen graph from AOTAutograd.
+        opts: validated options.
+        device: the JAX device to run on.
+        kind: ``"forward"``, ``"backward"`` or ``"inference"`` (for logs and names).
+        static_positions: inputs that are parameters/buffers, kept resident on the device.
+
+    Returns:
+        A boxed callable taking and returning torch tensors.
+    """
+    start = time.perf_counter()
+    platform = platform_of(device)
+    check_dtypes(gm, platform)
+    precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    key = cache.graph_key(gm, (precision, opts.check_meta, str(device)))
+
+    def create():
+        lowered = lower_graph(gm, precision=precision, check_meta=opts.check_meta)
+        static = tuple(
+            i + 1
+            for i in range(len(gm.graph.find_nodes(op="placeholder")))
+            if i not in lowered.tensor_inputs
+        )
+
+        def traced(seed, *inputs):
+            cache.STATS.traces += 1
+            return lowered.fn(seed, *inputs)
+
+        return lowered, jax.jit(traced, static_argnums=static)
+
+    lowered, jitted = cache.get_or_create(key, create)
+    compiled = CompiledGraph(
+        jitted, lowered, device, ResidentInputs(static_positions, device), name=kind
+    )
+    log.debug(
+        "%s graph: %d nodes lowered in %.1f ms",
+        kind,
+        len(gm.graph.nodes),
+        (time.perf_counter() - start) * 1e3,
+    )
+    return compiled

@@ -1,0 +1,50 @@
+"""Graph capture: the AOTAutograd configuration and the decomposition table.
+
+Dynamo hands the backend a torch-level FX graph; AOTAutograd functionalizes it, decomposes it
+to Core ATen with the table below, splits forward and backward, and calls our compilers with
+functional ATen graphs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch._decomp import core_aten_decompositions
+
+from tpu_inductor.lowerings import LOWERINGS
+
+
+@functools.cache
+def decomposition_table() -> dict:
+    """Core ATen decompositions, minus every op we lower directly.
+
+    An op with its own lowering (convolution, pooling windows, attention, ...) becomes one XLA
+    op instead of a chain of small ones, so its decomposition is dropped.
+    """
+    table = dict(core_aten_decompositions())
+    for op in list(table):
+        if op in LOWERINGS:
+            del table[op]
+    return table
+
+
+def aot_backend(fw_compiler: Callable, bw_compiler: Callable, inference_compiler: Callable):
+    """A Dynamo backend running AOTAutograd with our compilers and decompositions."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler,
+        inference_compiler=inference_compiler,
+        decompositions=decomposition_table(),
+        keep_inference_input_mutations=False,
+    )
+
+
+def static_input_positions() -> tuple[int, ...]:
+    """Positions of parameters and buffers among the current forward graph's inputs."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return tuple(getattr(meta, "static_input_indices", None) or ())

@@ -1,0 +1,109 @@
+"""The one home of tpu-inductor's configuration.
+
+Options come from ``torch.compile(..., backend="tpu", options={...})``; each also has a
+``TPU_INDUCTOR_*`` environment variable that supplies its default. Options win over the
+environment. Unknown options and bad values raise :class:`InvalidOptionError`, which lists
+every problem at once together with the known options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tpu_inductor.errors import InvalidOptionError
+
+DEVICES = ("tpu", "gpu", "cpu")
+FALLBACKS = ("error",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Validated backend options (see the README's options table).
+
+    Attributes:
+        device: ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``None`` for the best device JAX has.
+        fallback: what to do with ops that have no lowering; ``"error"`` raises
+            :class:`~tpu_inductor.errors.UnsupportedOpError` listing all of them.
+        check_meta: check every lowered value's shape and dtype against the FX node's
+            ``meta["val"]`` while tracing (a debugging aid for lowerings; costs nothing per call).
+        cache_dir: a folder for JAX's persistent compilation cache, or ``None``.
+        matmul_precision: ``None`` follows ``torch.get_float32_matmul_precision()``; or one of
+            ``"highest"``, ``"high"``, ``"medium"`` to override it for this compile.
+    """
+
+    device: str | None = None
+    fallback: str = "error"
+    check_meta: bool = False
+    cache_dir: str | None = None
+    matmul_precision: str | None = None
+
+
+_ENV = {
+    "device": "TPU_INDUCTOR_DEVICE",
+    "fallback": "TPU_INDUCTOR_FALLBACK",
+    "check_meta": "TPU_INDUCTOR_CHECK_META",
+    "cache_dir": "TPU_INDUCTOR_CACHE_DIR",
+    "matmul_precision": "TPU_INDUCTOR_MATMUL_PRECISION",
+}
+
+_CHOICES = {
+    "device": DEVICES,
+    "fallback": FALLBACKS,
+    "matmul_precision": ("highest", "high", "medium"),
+}
+
+
+def _from_env(name: str, field: dataclasses.Field) -> Any:
+    raw = os.environ.get(_ENV[name])
+    if raw is None or raw == "":
+        return field.default
+    if field.type in ("bool", bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return raw
+
+
+def parse_options(options: Mapping[str, Any] | None) -> Options:
+    """Validate user options and fill the rest from the environment.
+
+    Args:
+        options: the ``options`` dict given to ``torch.compile``, or ``None``.
+
+    Returns:
+        A frozen :class:`Options`.
+
+    Raises:
+        InvalidOptionError: listing every unknown option and every bad value.
+
+    Example:
+        >>> parse_options({"device": "cpu"}).device
+        'cpu'
+    """
+    options = dict(options or {})
+    fields = {f.name: f for f in dataclasses.fields(Options)}
+    problems = []
+    for key in sorted(set(options) - set(fields)):
+        problems.append(f"unknown option {key!r}")
+    values = {}
+    for name, field in fields.items():
+        value = options[name] if name in options else _from_env(name, field)
+        choices = _CHOICES.get(name)
+        if field.type in ("bool", bool) and not isinstance(value, bool):
+            problems.append(f"option {name!r} must be True or False, got {value!r}")
+        elif choices is not None and value is not None and value not in choices:
+            problems.append(f"option {name!r} must be one of {choices} or None, got {value!r}")
+        elif name == "cache_dir" and value is not None and not isinstance(value, str | os.PathLike):
+            problems.append(f"option 'cache_dir' must be a path, got {value!r}")
+        values[name] = value
+    if problems:
+        known = ", ".join(f"{n} (env {_ENV[n]})" for n in fields)
+        raise InvalidOptionError(
+            "invalid tpu-inductor options:\n  - "
+            + "\n  - ".join(problems)
+            + f"\nKnown options: {known}."
+        )
+    if values["cache_dir"] is not None:
+        values["cache_dir"] = os.fspath(values["cache_dir"])
+    return Options(**values)

@@ -1,0 +1,50 @@
+"""torch <-> JAX dtype mapping, shared by the runtime and the lowerings."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_inductor.errors import UnsupportedDtypeError
+
+TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.uint16: jnp.dtype(jnp.uint16),
+    torch.uint32: jnp.dtype(jnp.uint32),
+    torch.uint64: jnp.dtype(jnp.uint64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+    torch.float8_e4m3fn: jnp.dtype(jnp.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(jnp.float8_e5m2),
+}
+
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+# Dtypes a TPU cannot hold natively. XLA:TPU would silently compute them in 32 bits.
+TPU_UNSUPPORTED = (torch.float64, torch.complex128)
+
+
+def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
+    """Return the JAX dtype for a torch dtype, or raise naming the dtype."""
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise UnsupportedDtypeError(
+            f"torch dtype {dtype} has no JAX equivalent; convert the tensor (e.g. .float()) "
+            "before the compiled region"
+        ) from None
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    """Return the torch dtype for a JAX/numpy dtype."""
+    return JAX_TO_TORCH[jnp.dtype(dtype)]

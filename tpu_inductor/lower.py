@@ -1,0 +1,281 @@
+"""ATen FX graph -> one pure JAX function.
+
+Every node is looked up before anything is lowered, so a graph with several unsupported ops
+fails once, listing all of them. The returned function is pure: tensors in, tensors out, with a
+PRNG seed as its first argument when the graph draws random numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx as fx
+from jax import lax
+
+from tpu_inductor.dtypes import TPU_UNSUPPORTED, to_jax_dtype
+from tpu_inductor.errors import (
+    LoweringError,
+    ShapeMismatchError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+from tpu_inductor.lowerings import LOWERINGS, LoweringContext
+
+# Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
+PYTHON_OPS: dict[Any, Callable] = {
+    operator.getitem: operator.getitem,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.truediv: operator.truediv,
+    operator.floordiv: operator.floordiv,
+    operator.mod: operator.mod,
+    operator.pow: operator.pow,
+    operator.neg: operator.neg,
+    operator.eq: operator.eq,
+    operator.ne: operator.ne,
+    operator.lt: operator.lt,
+    operator.le: operator.le,
+    operator.gt: operator.gt,
+    operator.ge: operator.ge,
+    math.ceil: math.ceil,
+    math.floor: math.floor,
+    math.sqrt: math.sqrt,
+    torch.sym_float: float,
+    torch.sym_int: int,
+    torch.sym_max: max,
+    torch.sym_min: min,
+    torch.sym_not: operator.not_,
+}
+
+PRECISIONS = {
+    "highest": lax.Precision.HIGHEST,
+    "high": lax.Precision.HIGH,
+    "medium": lax.Precision.DEFAULT,
+}
+
+
+def user_frame(node: fx.Node) -> str:
+    """The user's source line for a node (last frame of its stack trace), or ``"<unknown>"``."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return "<unknown source line>"
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            code = (
+                lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            )
+            return f"{lines[i]}: {code}" if code else lines[i]
+    return lines[-1]
+
+
+def describe_value(v) -> str:
+    """A compact description of an argument: ``f32[2, 3]`` for tensors, repr otherwise."""
+    if isinstance(v, fx.Node):
+        v = v.meta.get("val", v.name)
+    if isinstance(v, torch.Tensor):
+        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(describe_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def describe_node(node: fx.Node) -> str:
+    """``op(arg descriptions)`` for error messages."""
+    args = [describe_value(a) for a in node.args]
+    args += [f"{k}={describe_value(v)}" for k, v in node.kwargs.items()]
+    return f"{node.target}({', '.join(args)})"
+
+
+def _meta_of(a):
+    if isinstance(a, fx.Node):
+        return a.meta.get("val")
+    if isinstance(a, list | tuple):
+        return type(a)(_meta_of(x) for x in a)
+    return a
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    """A graph translated to a pure JAX function.
+
+    Attributes:
+        fn: ``fn(seed, *inputs) -> tuple of outputs``; ``seed`` is a ``uint32[2]`` or ``None``.
+        tensor_inputs: positions of graph inputs that are tensors (the rest are static).
+        has_rng: whether ``fn`` needs a seed.
+        num_outputs: length of the output tuple.
+    """
+
+    fn: Callable
+    tensor_inputs: tuple[int, ...]
+    has_rng: bool
+    num_outputs: int
+
+
+def check_supported(gm: fx.GraphModule) -> None:
+    """Raise one :class:`UnsupportedOpError` listing every node without a lowering."""
+    missing = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in LOWERINGS or node.target in PYTHON_OPS:
+            continue
+        missing.append(f"{describe_node(node)}\n      at {user_frame(node)}")
+    if missing:
+        raise UnsupportedOpError(
+            f"{len(missing)} op(s) in this graph have no TPU lowering:\n  - "
+            + "\n  - ".join(missing)
+            + "\nWhat to do: rewrite those lines with supported ops, move them outside the "
+            "compiled region (e.g. torch.compiler.disable), or report the op so a lowering can "
+            "be added.",
+            missing=missing,
+        )
+
+
+def check_dtypes(gm: fx.GraphModule, platform: str) -> None:
+    """Raise one :class:`UnsupportedDtypeError` for every value the device cannot hold."""
+    if platform != "tpu":
+        return
+    bad = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, list | tuple) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor) and v.dtype in TPU_UNSUPPORTED:
+                what = f"input {node.name}" if node.op == "placeholder" else describe_node(node)
+                bad.append(f"{what} is {v.dtype}\n      at {user_frame(node)}")
+                break
+    if bad:
+        raise UnsupportedDtypeError(
+            "TPUs have no 64-bit floating point; these values are float64/complex128:\n  - "
+            + "\n  - ".join(bad)
+            + "\nWhat to do: convert them to float32 (tensor.float(), or "
+            "torch.set_default_dtype(torch.float32)) or compile with options={'device': 'cpu'}."
+        )
+
+
+def _check_meta(node: fx.Node, value) -> None:
+    spec = node.meta.get("val")
+    specs = spec if isinstance(spec, list | tuple) else [spec]
+    values = value if isinstance(value, list | tuple) else [value]
+    for s, v in zip(specs, values, strict=False):
+        if not isinstance(s, torch.Tensor) or v is None:
+            continue
+        want_shape, want_dtype = tuple(int(d) for d in s.shape), to_jax_dtype(s.dtype)
+        if tuple(v.shape) != want_shape or v.dtype != want_dtype:
+            raise ShapeMismatchError(
+                f"lowering of {describe_node(node)} produced {v.dtype}{list(v.shape)}, "
+                f"torch says {want_dtype}{list(want_shape)}\n  at {user_frame(node)}"
+            )
+
+
+def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False) -> LoweredGraph:
+    """Translate an ATen FX graph into a pure JAX function.
+
+    Args:
+        gm: a functional Core ATen graph (what AOTAutograd hands a compiler).
+        precision: ``"highest"``, ``"high"`` or ``"medium"`` for float32 matmuls/convolutions.
+        check_meta: compare every lowered value with ``node.meta["val"]`` while tracing.
+
+    Returns:
+        A :class:`LoweredGraph`.
+
+    Raises:
+        UnsupportedOpError: listing every op without a lowering.
+    """
+    check_supported(gm)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    tensor_inputs = tuple(
+        i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)
+    )
+    has_rng = any(n.op == "call_function" and _is_random(n.target) for n in nodes)
+    jax_precision = PRECISIONS[precision]
+    output_node = next(n for n in reversed(nodes) if n.op == "output")
+    num_outputs = len(output_node.args[0])
+    contexts = {
+        n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args))
+        for n in nodes
+        if n.op == "call_function" and n.target in LOWERINGS
+    }
+
+    def fn(seed, *inputs):
+        env: dict[fx.Node, Any] = {}
+        input_ids = set()
+        for node, value in zip(placeholders, inputs, strict=True):
+            env[node] = value
+            input_ids.add(id(value))
+        base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
+        counter = iter(range(1 << 30))
+
+        def load(a):
+            if isinstance(a, fx.Node):
+                return env[a]
+            if isinstance(a, list | tuple):
+                return type(a)(load(x) for x in a)
+            return a
+
+        for node in nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            if node.op == "get_attr":
+                env[node] = _constant(getattr(gm, node.target))
+                continue
+            args, kwargs = load(node.args), {k: load(v) for k, v in node.kwargs.items()}
+            if node.target in PYTHON_OPS:
+                env[node] = PYTHON_OPS[node.target](*args, **kwargs)
+                continue
+            ctx = contexts[node]
+            if has_rng:
+                ctx.make_key = lambda: jax.random.fold_in(base_key, next(counter))
+            try:
+                value = LOWERINGS[node.target](ctx, args, kwargs)
+            except (UnsupportedOpError, UnsupportedDtypeError, ShapeMismatchError):
+                raise
+            except Exception as e:
+                raise LoweringError(
+                    f"lowering {describe_node(node)} failed: {type(e).__name__}: {e}\n"
+                    f"  at {user_frame(node)}"
+                ) from e
+            if check_meta:
+                _check_meta(node, value)
+            env[node] = value
+        outs = []
+        seen = set(input_ids)
+        for out in load(output_node.args[0]):
+            # A returned buffer must be fresh: jit forwards inputs returned as-is, and one
+            # buffer returned twice would alias two torch tensors.
+            if isinstance(out, jax.Array | jax.core.Tracer):
+                if id(out) in seen:
+                    out = _fresh(out)
+                seen.add(id(out))
+            outs.append(out)
+        return tuple(outs)
+
+    return LoweredGraph(fn, tensor_inputs, has_rng, num_outputs)
+
+
+def _fresh(x):
+    return jnp.array(x, copy=True)
+
+
+def _constant(value):
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype == torch.bfloat16:
+            return jnp.asarray(value.view(torch.uint16).numpy()).view(jnp.bfloat16)
+        return jnp.asarray(value.resolve_conj().resolve_neg().contiguous().numpy())
+    return value
+
+
+def _is_random(target) -> bool:
+    low = LOWERINGS.get(target)
+    return low is not None and low.random

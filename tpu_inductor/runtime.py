@@ -1,0 +1,185 @@
+"""The torch <-> JAX boundary: device choice, DLPack, weight residency, RNG seeds, outputs.
+
+Measured on a 2-core CPU host (see benchmarks/): ``jax.dlpack.from_dlpack(tensor)`` costs
+~20 us per tensor and is zero-copy on CPU; ``torch.from_dlpack(jax_array)`` ~4 us, also zero-copy.
+So parameters and buffers are imported once and reused while their version counter is unchanged,
+and outputs go back through DLPack on CPU and through one host copy elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+import torch
+
+from tpu_inductor.dtypes import to_jax_dtype
+from tpu_inductor.errors import InvalidOptionError
+
+log = logging.getLogger("tpu_inductor")
+
+_PLATFORM_OF = {"tpu": "tpu", "gpu": "gpu", "cpu": "cpu"}
+
+
+@functools.cache
+def select_device(name: str | None) -> jax.Device:
+    """The JAX device to compile for: the named kind, else TPU, then GPU, then CPU.
+
+    Args:
+        name: ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``None`` for the best one present.
+
+    Raises:
+        InvalidOptionError: if the named kind is not present, listing what is.
+    """
+    kinds = [name] if name else ["tpu", "gpu", "cpu"]
+    for kind in kinds:
+        try:
+            devices = jax.devices(kind)
+        except RuntimeError:
+            continue
+        if devices:
+            return devices[0]
+    have = sorted({d.platform for d in jax.devices()})
+    raise InvalidOptionError(
+        f"device={name!r} was asked for but JAX sees only {have}; install the matching extra "
+        "(pip install 'tpu-inductor[tpu]' or '[cuda]') or drop the 'device' option"
+    )
+
+
+def platform_of(device: jax.Device) -> str:
+    """``"tpu"``, ``"gpu"`` or ``"cpu"`` (CUDA and ROCm devices both count as ``"gpu"``)."""
+    return "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
+
+
+def tensor_to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
+    """Move one torch tensor to ``device`` as a ``jax.Array`` with the same dtype and values.
+
+    Zero-copy on CPU for contiguous tensors. Non-contiguous, channels_last, conjugated or
+    negated views are materialized first. Must run with ``jax.enable_x64(True)`` so 64-bit
+    dtypes survive.
+    """
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.numel() == 0:
+        arr = jax.numpy.zeros(tuple(t.shape), dtype=to_jax_dtype(t.dtype))
+    else:
+        arr = jax.dlpack.from_dlpack(t)
+    if device.platform != "cpu":
+        arr = jax.device_put(arr, device)
+    return arr
+
+
+def jax_to_tensor(arr) -> torch.Tensor | object:
+    """Turn one output back into a CPU torch tensor (Python scalars pass through)."""
+    if not isinstance(arr, jax.Array):
+        return arr
+    if arr.size == 0:
+        from tpu_inductor.dtypes import to_torch_dtype
+
+        return torch.empty(arr.shape, dtype=to_torch_dtype(arr.dtype))
+    if next(iter(arr.devices())).platform == "cpu":
+        return torch.from_dlpack(arr)
+    host = np.asarray(jax.device_get(arr))
+    if host.dtype == jax.numpy.bfloat16:
+        return torch.from_numpy(host.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(host, copy=True))
+
+
+class ResidentInputs:
+    """Keeps parameters and buffers on the device between calls.
+
+    One slot per static input position (parameters and buffers, as AOTAutograd reports them).
+    A slot is reused while it holds the same tensor object at the same version counter and
+    data pointer; any in-place change (an eager optimizer step, ``copy_``, ``load_state_dict``)
+    bumps the version and the tensor is transferred again. On CPU the import is zero-copy.
+    """
+
+    def __init__(self, positions: Sequence[int], device: jax.Device):
+        self.positions = frozenset(positions)
+        self.device = device
+        self._slots: dict[int, tuple[weakref.ref, int, int, jax.Array]] = {}
+        self.transfers = 0
+
+    def get(self, i: int, t: torch.Tensor) -> jax.Array:
+        if i not in self.positions:
+            return tensor_to_jax(t, self.device)
+        slot = self._slots.get(i)
+        if (
+            slot is not None
+            and slot[0]() is t
+            and slot[1] == t._version
+            and slot[2] == t.data_ptr()
+        ):
+            return slot[3]
+        arr = tensor_to_jax(t, self.device)
+        self._slots[i] = (weakref.ref(t), t._version, t.data_ptr(), arr)
+        self.transfers += 1
+        return arr
+
+
+def draw_seed() -> np.ndarray:
+    """Two uint32 words drawn from torch's default CPU generator.
+
+    Drawing advances torch's RNG, so ``torch.manual_seed`` makes compiled random ops repeatable
+    and successive calls differ, exactly like eager.
+    """
+    words = torch.randint(0, 2**32, (2,), dtype=torch.int64)
+    return words.numpy().astype(np.uint32)
+
+
+class CompiledGraph:
+    """The callable handed back to AOTAutograd for one graph (boxed calling convention).
+
+    Called with a list of torch tensors (and Python scalars for static inputs); returns a list
+    of fresh CPU torch tensors. Nothing returned aliases a buffer this object keeps.
+    """
+
+    def __init__(self, jitted, lowered, device: jax.Device, resident: ResidentInputs, name: str):
+        # An instance attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
+        self._boxed_call = True
+        self.jitted = jitted
+        self.lowered = lowered
+        self.device = device
+        self.resident = resident
+        self.name = name
+        self._tensor_inputs = frozenset(lowered.tensor_inputs)
+        # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
+        self._needs_default_device = jax.devices()[0] != device
+
+    def __call__(self, args: list) -> list:
+        get = self.resident.get
+        inputs = [
+            get(i, a) if i in self._tensor_inputs else _python_scalar(a) for i, a in enumerate(args)
+        ]
+        args.clear()
+        seed = draw_seed() if self.lowered.has_rng else None
+        with jax.enable_x64(True):
+            if self._needs_default_device:
+                with jax.default_device(self.device):
+                    outs = self.jitted(seed, *inputs)
+            else:
+                outs = self.jitted(seed, *inputs)
+            return [jax_to_tensor(o) for o in outs]
+
+
+def _python_scalar(v):
+    """SymInts/SymFloats that reach a static graph are concrete here; make them plain Python."""
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    if isinstance(v, torch.SymFloat):
+        return float(v)
+    if isinstance(v, torch.SymBool):
+        return bool(v)
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    return v
