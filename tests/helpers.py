@@ -1,0 +1,87 @@
+"""Test helpers: run the same thing compiled with backend="tpu" and in CPU eager, compare."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+FP32_TOL = {"atol": 1e-5, "rtol": 1e-4}
+
+
+def assert_same(actual, expected, atol=1e-5, rtol=1e-4, what="output"):
+    """dtype and shape exactly, values within tolerance; recurses into tuples/lists/dicts."""
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), what
+        for k in expected:
+            assert_same(actual[k], expected[k], atol, rtol, f"{what}[{k!r}]")
+        return
+    if isinstance(expected, list | tuple):
+        assert len(actual) == len(expected), f"{what}: {len(actual)} vs {len(expected)} items"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, atol, rtol, f"{what}[{i}]")
+        return
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{what}: got {type(actual)}"
+        assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+        assert actual.device.type == "cpu", f"{what}: device {actual.device}"
+        torch.testing.assert_close(
+            actual, expected, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}"
+        )
+        return
+    assert actual == expected, f"{what}: {actual!r} != {expected!r}"
+
+
+def compiled(fn, **options):
+    """``torch.compile(fn, backend="tpu", fullgraph=True)`` with optional backend options."""
+    return torch.compile(fn, backend="tpu", fullgraph=True, options=options or None)
+
+
+def check_fn(fn, *args, atol=1e-5, rtol=1e-4, **options):
+    """Run ``fn(*args)`` eagerly and compiled on copies of the args; compare outputs and any
+    in-place changes to the args."""
+    eager_args = copy.deepcopy(args)
+    comp_args = copy.deepcopy(args)
+    expected = fn(*eager_args)
+    actual = compiled(fn, **options)(*comp_args)
+    assert_same(actual, expected, atol, rtol)
+    assert_same(comp_args, eager_args, atol, rtol, what="mutated args")
+    return actual
+
+
+def check_module_training(model, make_inputs, steps=3, opt="adamw", atol=1e-5, rtol=1e-4,
+                          loss_fn=None):
+    """Outputs, every parameter's gradient, and ``steps`` optimizer steps against eager."""
+    eager = copy.deepcopy(model)
+    comp = copy.deepcopy(model)
+    cmodel = torch.compile(comp, backend="tpu")
+    loss_fn = loss_fn or (lambda out: out.float().pow(2).mean())
+
+    def make_opt(m):
+        if opt == "sgd":
+            return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        return torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    oe, oc = make_opt(eager), make_opt(comp)
+    for step in range(steps):
+        inputs = make_inputs(step)
+        out_e = eager(*copy.deepcopy(inputs))
+        out_c = cmodel(*copy.deepcopy(inputs))
+        assert_same(out_c, out_e, atol, rtol, f"step {step} output")
+        loss_fn(out_e).backward()
+        loss_fn(out_c).backward()
+        for (name, pe), pc in zip(eager.named_parameters(), comp.parameters(), strict=True):
+            if pe.grad is None:
+                assert pc.grad is None, f"step {step}: {name} has a grad only when compiled"
+                continue
+            assert_same(pc.grad, pe.grad, atol, rtol, f"step {step} grad of {name}")
+        oe.step()
+        oc.step()
+        oe.zero_grad()
+        oc.zero_grad()
+        for (name, pe), pc in zip(eager.named_parameters(), comp.parameters(), strict=True):
+            assert_same(pc.detach(), pe.detach(), atol, rtol, f"step {step} param {name}")
+        for (name, be), bc in zip(eager.named_buffers(), comp.buffers(), strict=True):
+            assert_same(bc, be, atol, rtol, f"step {step} buffer {name}")
+    return eager, comp
