@@ -142,6 +142,7 @@ def compile_graph(
     compiled = CompiledGraph(
         jitted, lowered, device, ResidentInputs(static_positions, device), name=kind
     )
+    cache.COMPILED.add(compiled)
     log.debug(
         "%s graph: %d nodes lowered in %.1f ms",
         kind,

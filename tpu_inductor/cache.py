@@ -14,11 +14,13 @@ import dataclasses
 import hashlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 
 import jax
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 log = logging.getLogger("tpu_inductor")
 
@@ -32,6 +34,7 @@ class CacheStats:
     graphs: int = 0  # graphs handed to the backend's compilers
     hits: int = 0  # of those, found already lowered and jitted
     traces: int = 0  # times a lowered graph was traced by jax.jit (one per new input signature)
+    transfers: int = 0  # parameters/buffers imported to the device (not reused from residency)
 
     def reset(self) -> None:
         """Zero all counters."""
@@ -40,6 +43,8 @@ class CacheStats:
 
 
 STATS = CacheStats()
+# Every live CompiledGraph, for introspection (tests, reports); weak so Dynamo owns lifetimes.
+COMPILED: weakref.WeakSet = weakref.WeakSet()
 _lock = threading.Lock()
 _entries: collections.OrderedDict[str, object] = collections.OrderedDict()
 _persistent_dir: str | None = None
@@ -47,6 +52,11 @@ _persistent_dir: str | None = None
 
 def graph_key(gm: fx.GraphModule, extra: tuple) -> str:
     """A fingerprint of a graph's code, its inputs' avals, its constants and ``extra``."""
+    with unset_fake_temporarily():  # compilers run under AOTAutograd's fake mode
+        return _graph_key(gm, extra)
+
+
+def _graph_key(gm: fx.GraphModule, extra: tuple) -> str:
     h = hashlib.sha256(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -58,8 +68,8 @@ def graph_key(gm: fx.GraphModule, extra: tuple) -> str:
         elif node.op == "get_attr":
             const = getattr(gm, node.target)
             if isinstance(const, torch.Tensor):
-                t = const.detach().contiguous()
-                h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+                t = const.detach().contiguous().reshape(-1)
+                h.update(f"{t.dtype}{tuple(const.shape)}".encode())
                 h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
             else:
                 h.update(repr(const).encode())

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 import torch
 
-from tpu_inductor.dtypes import to_jax_dtype
+from tpu_inductor import cache
+from tpu_inductor.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_inductor.errors import InvalidOptionError
 
 log = logging.getLogger("tpu_inductor")
@@ -84,8 +85,6 @@ def jax_to_tensor(arr) -> torch.Tensor | object:
     if not isinstance(arr, jax.Array):
         return arr
     if arr.size == 0:
-        from tpu_inductor.dtypes import to_torch_dtype
-
         return torch.empty(arr.shape, dtype=to_torch_dtype(arr.dtype))
     if next(iter(arr.devices())).platform == "cpu":
         return torch.from_dlpack(arr)
@@ -108,7 +107,6 @@ class ResidentInputs:
         self.positions = frozenset(positions)
         self.device = device
         self._slots: dict[int, tuple[weakref.ref, int, int, jax.Array]] = {}
-        self.transfers = 0
 
     def get(self, i: int, t: torch.Tensor) -> jax.Array:
         if i not in self.positions:
@@ -123,7 +121,7 @@ class ResidentInputs:
             return slot[3]
         arr = tensor_to_jax(t, self.device)
         self._slots[i] = (weakref.ref(t), t._version, t.data_ptr(), arr)
-        self.transfers += 1
+        cache.STATS.transfers += 1
         return arr
 
 
@@ -158,12 +156,13 @@ class CompiledGraph:
 
     def __call__(self, args: list) -> list:
         get = self.resident.get
-        inputs = [
-            get(i, a) if i in self._tensor_inputs else _python_scalar(a) for i, a in enumerate(args)
-        ]
-        args.clear()
         seed = draw_seed() if self.lowered.has_rng else None
-        with jax.enable_x64(True):
+        with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
+            inputs = [
+                get(i, a) if i in self._tensor_inputs else _python_scalar(a)
+                for i, a in enumerate(args)
+            ]
+            args.clear()
             if self._needs_default_device:
                 with jax.default_device(self.device):
                     outs = self.jitted(seed, *inputs)

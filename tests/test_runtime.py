@@ -1,0 +1,257 @@
+"""The torch <-> JAX boundary: dtypes, layouts, odd inputs, aliasing, mutation, weight
+residency, randomness and the executable cache. Each test compares with CPU eager."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import torch
+import torch.nn as nn
+
+from tests.helpers import assert_same, check_fn, compiled
+from tpu_inductor import cache
+
+# --- dtypes ---------------------------------------------------------------------------------------
+
+
+def test_int64_above_int32_range_survives():
+    x = torch.tensor([2**40 + 3, -(2**35), 2**62], dtype=torch.int64)
+    out = check_fn(lambda t: t * 2 + 1, x)
+    assert out[0].item() == (2**40 + 3) * 2 + 1  # DLPack without x64 would truncate to int32
+
+
+def test_int64_overflow_wraps_like_torch():
+    x = torch.tensor([2**62, 2**63 - 1], dtype=torch.int64)
+    check_fn(lambda t: t * 4 + 7, x)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+    ],
+)
+def test_dtypes_round_trip(dtype):
+    x = (torch.randn(3, 5) * 4).to(dtype)
+    y = (torch.randn(3, 5) * 4).to(dtype)
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype in (torch.float16, torch.bfloat16) else {}
+    if dtype == torch.bool:
+        check_fn(lambda a, b: (a & b, a | b, ~a), x, y)
+    else:
+        check_fn(lambda a, b: (a + b, a * b, a.sum(), a == b), x, y, **tol)
+
+
+def test_half_with_float_scalar_stays_half():
+    # torch: f16 tensor op f32 0-dim -> f16 (jnp would give f32).
+    x = torch.randn(4, dtype=torch.float16)
+    s = torch.tensor(2.5)
+    check_fn(lambda a, b: a * b + 1.5, x, s, atol=1e-3, rtol=1e-3)
+
+
+def test_float64_on_cpu_keeps_precision():
+    x = torch.tensor([1.0 + 1e-12, 2.0], dtype=torch.float64)
+    out = check_fn(lambda t: t - 1.0, x, atol=0, rtol=0)
+    assert out[0].item() != 0.0
+
+
+# --- layouts and odd inputs -----------------------------------------------------------------------
+
+
+def test_non_contiguous_and_channels_last_inputs():
+    x = torch.randn(4, 6).t()
+    y = torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last)
+    z = torch.randn(10)[::2]
+    check_fn(lambda a, b, c: (a * 2, b.sum(dim=(2, 3)), c + 1), x, y, z)
+
+
+def test_zero_dim_and_empty_tensors():
+    check_fn(lambda a, b: (a * 3, b + 1, b.sum()), torch.tensor(2.0), torch.zeros(0, 3))
+
+
+def test_python_scalars_reach_the_graph():
+    def fn(x, n: int, f: float):
+        return x * n + f
+
+    x = torch.randn(3)
+    expected = fn(x, 3, 0.5)
+    got = torch.compile(fn, backend="tpu", dynamic=False)(x, 3, 0.5)
+    assert_same(got, expected)
+
+
+def test_nested_outputs():
+    def fn(x):
+        return {"a": x + 1, "b": [x * 2, (x.sum(), x.mean())]}
+
+    check_fn(fn, torch.randn(2, 3))
+
+
+def test_sizes_as_symints_from_input_shapes():
+    def fn(x):
+        return x.view(x.shape[0] * x.shape[1], -1).sum(0) + x.size(2)
+
+    check_fn(fn, torch.randn(2, 3, 4))
+
+
+# --- aliasing and mutation ------------------------------------------------------------------------
+
+
+def test_mutating_an_output_does_not_change_the_next_call():
+    w = nn.Parameter(torch.randn(3))
+
+    def fn(x):
+        return x + w, torch.ones(3), w * 1
+
+    f = compiled(fn)
+    x = torch.randn(3)
+    first = f(x)
+    expected = [t.clone() for t in first]
+    for t in first:
+        t.detach().add_(100.0) if t.requires_grad else t.add_(100.0)
+    second = f(x)
+    for a, b in zip(second, expected, strict=True):
+        assert_same(a.detach(), b.detach())
+
+
+def test_returned_input_is_not_aliased_to_backend_buffers():
+    f = compiled(lambda x, y: (x, y * 2))
+    x = torch.randn(3)
+    a, b = f(x, x)
+    b.add_(1.0)
+    assert_same(f(x, x)[1], x * 2)
+
+
+def test_in_place_ops_on_inputs():
+    def fn(x, y):
+        x.add_(1.0)
+        y[0] = 5
+        x.mul_(y)
+        return x.sum()
+
+    check_fn(fn, torch.randn(4), torch.randn(4))
+
+
+def test_in_place_on_int64_input_beyond_int32():
+    def fn(x):
+        x.add_(2**33)
+        return x
+
+    check_fn(fn, torch.tensor([1, 2**40], dtype=torch.int64))
+
+
+# --- weights resident on the device ---------------------------------------------------------------
+
+
+def _resident_slots():
+    return [s for g in cache.COMPILED for s in g.resident._slots.values()]
+
+
+def test_weights_transferred_once_and_again_after_in_place_change():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    eager = [p.detach().clone() for p in model.parameters()]
+    cm = torch.compile(model, backend="tpu")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        cm(x)
+        before = cache.STATS.transfers
+        for _ in range(3):
+            cm(x)
+        assert cache.STATS.transfers == before, "unchanged weights were transferred again"
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)  # an eager in-place update bumps the version counter
+        out = cm(x)
+        assert cache.STATS.transfers == before + 4
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with torch.no_grad():
+        for p, e in zip(ref.parameters(), eager, strict=True):
+            p.copy_(e * 0.5)
+        assert_same(out, ref(x))
+
+
+def test_weights_on_cpu_are_not_copied():
+    model = nn.Linear(16, 16)
+    cm = torch.compile(model, backend="tpu")
+    with torch.no_grad():
+        cm(torch.randn(2, 16))
+    ptrs = {s[3].unsafe_buffer_pointer() for s in _resident_slots() if s[0]() is not None}
+    assert model.weight.data_ptr() in ptrs and model.bias.data_ptr() in ptrs
+
+
+# --- randomness -----------------------------------------------------------------------------------
+
+
+def test_dropout_is_repeatable_under_manual_seed_and_differs_between_calls():
+    f = compiled(lambda x: nn.functional.dropout(x, 0.5, training=True))
+    x = torch.ones(1000)
+    torch.manual_seed(123)
+    a, b = f(x), f(x)
+    torch.manual_seed(123)
+    c = f(x)
+    assert torch.equal(a, c), "same seed must give the same mask"
+    assert not torch.equal(a, b), "successive calls must draw new masks"
+    kept = (a != 0).float().mean().item()
+    assert 0.4 < kept < 0.6
+    assert set(a.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_rand_and_randn_follow_torch_seed():
+    f = compiled(lambda x: (torch.rand(2000) + x, torch.randn(2000)))
+    torch.manual_seed(7)
+    u1, n1 = f(torch.zeros(()))
+    torch.manual_seed(7)
+    u2, n2 = f(torch.zeros(()))
+    assert torch.equal(u1, u2) and torch.equal(n1, n2)
+    assert 0.0 <= u1.min() and u1.max() < 1.0 and abs(u1.mean() - 0.5) < 0.05
+    assert abs(n1.mean()) < 0.1 and abs(n1.std() - 1) < 0.1
+    assert u1.dtype == torch.float32 and n1.shape == (2000,)
+
+
+# --- cache ----------------------------------------------------------------------------------------
+
+
+def test_second_call_with_same_shapes_does_not_retrace():
+    f = compiled(lambda x, y: torch.tanh(x @ y))
+    x, y = torch.randn(4, 5), torch.randn(5, 6)
+    f(x, y)
+    traces = cache.STATS.traces
+    for _ in range(3):
+        f(torch.randn(4, 5), torch.randn(5, 6))
+    assert cache.STATS.traces == traces
+
+
+def test_same_graph_after_dynamo_reset_reuses_the_executable():
+    fn = lambda x: torch.sin(x) * 3  # noqa: E731
+    x = torch.randn(7, 3)
+    compiled(fn)(x)
+    hits, traces = cache.STATS.hits, cache.STATS.traces
+    torch._dynamo.reset()
+    compiled(fn)(x)
+    assert cache.STATS.hits == hits + 1
+    assert cache.STATS.traces == traces
+
+
+def test_persistent_cache_dir_option(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.cos(x) + 1, backend='tpu', "
+        f"options={{'cache_dir': {str(tmp_path)!r}}})\n"
+        "print(f(torch.ones(3)).tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert any(tmp_path.iterdir()), "no executable was written to the persistent cache"
+
+
+def test_jax_sees_x64_only_inside_calls():
+    compiled(lambda x: x + 1)(torch.ones(2, dtype=torch.int64))
+    assert not jax.config.jax_enable_x64
