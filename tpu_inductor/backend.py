@@ -63,13 +63,15 @@ def tpu_inductor_backend(
     return tpu_backend(gm, example_inputs, options)
 
 
-@functools.cache
-def _warn_if_tpu_name_taken() -> None:
+def _tpu_entry_points() -> list:
     from importlib.metadata import entry_points
 
-    others = [
-        ep for ep in entry_points(group=ENTRY_POINT_GROUP, name="tpu") if not _is_ours(ep.value)
-    ]
+    return list(entry_points(group=ENTRY_POINT_GROUP, name="tpu"))
+
+
+@functools.cache
+def _warn_if_tpu_name_taken() -> None:
+    others = [ep for ep in _tpu_entry_points() if not _is_ours(ep.value)]
     if others:
         owners = ", ".join(f"{ep.value} ({getattr(ep.dist, 'name', '?')})" for ep in others)
         warnings.warn(

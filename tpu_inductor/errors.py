@@ -6,16 +6,32 @@ user's code when that is known, and what to do about it.
 
 from __future__ import annotations
 
+try:
+    # Dynamo re-raises ShortenTraceback subclasses from a backend as they are (with Dynamo's
+    # frames trimmed) instead of wrapping them in BackendCompilerFailed, so users can write
+    # ``except UnsupportedOpError``.
+    from torch._dynamo.exc import ShortenTraceback as _DynamoPassThrough
+except ImportError:  # older torch: the error arrives wrapped, as BackendCompilerFailed's cause
+    _DynamoPassThrough = RuntimeError
+
 
 class TpuInductorError(RuntimeError):
     """Base class of all tpu-inductor errors."""
 
 
-class InvalidOptionError(TpuInductorError, ValueError):
+class CompileError(TpuInductorError, _DynamoPassThrough):
+    """An error found while compiling a graph; reaches the user unwrapped through Dynamo."""
+
+    def __init__(self, *args):
+        RuntimeError.__init__(self, *args)
+        self.first_useful_frame = None
+
+
+class InvalidOptionError(CompileError, ValueError):
     """An option passed through ``torch.compile(..., options={...})`` is unknown or invalid."""
 
 
-class UnsupportedOpError(TpuInductorError):
+class UnsupportedOpError(CompileError):
     """One or more ATen ops of a graph have no lowering to JAX.
 
     ``missing`` holds one line per offending node: the op, its argument shapes and dtypes and
@@ -27,7 +43,7 @@ class UnsupportedOpError(TpuInductorError):
         self.missing = list(missing or [])
 
 
-class UnsupportedDtypeError(TpuInductorError, TypeError):
+class UnsupportedDtypeError(CompileError, TypeError):
     """A tensor has a dtype that the target device (or JAX) cannot represent."""
 
 

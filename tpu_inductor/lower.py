@@ -150,7 +150,7 @@ def check_dtypes(gm: fx.GraphModule, platform: str) -> None:
         vals = val if isinstance(val, list | tuple) else [val]
         for v in vals:
             if isinstance(v, torch.Tensor) and v.dtype in TPU_UNSUPPORTED:
-                what = f"input {node.name}" if node.op == "placeholder" else describe_node(node)
+                what = "a graph input" if node.op == "placeholder" else describe_node(node)
                 bad.append(f"{what} is {v.dtype}\n      at {user_frame(node)}")
                 break
     if bad:

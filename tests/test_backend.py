@@ -1,0 +1,188 @@
+"""Registration, options, import hygiene and error reporting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import tpu_inductor
+from tests.helpers import assert_same, compiled
+from tpu_inductor import backend as backend_mod
+from tpu_inductor.config import parse_options
+from tpu_inductor.errors import (
+    InvalidOptionError,
+    ShapeMismatchError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+
+
+def _run(code: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_backend_name_works_without_importing_the_package():
+    out = _run(
+        """
+        import sys, torch
+        f = torch.compile(lambda x: x.sin() + 1, backend="tpu")
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), x.sin() + 1)
+        g = torch.compile(lambda x: x * 2, backend="tpu_inductor")
+        torch.testing.assert_close(g(x), x * 2)
+        print("tpu_inductor" in sys.modules, "tpu" in torch._dynamo.list_backends(),
+              "tpu_inductor" in torch._dynamo.list_backends())
+        """
+    )
+    assert out.split() == ["True", "True", "True"]
+
+
+def test_import_leaves_global_state_alone():
+    out = _run(
+        """
+        import torch, jax
+        name = torch._C._get_privateuse1_backend_name()
+        dtype = torch.get_default_dtype()
+        import tpu_inductor, tpu_inductor.lowerings
+        from jax._src import xla_bridge
+        print(jax.config.jax_enable_x64, torch._C._get_privateuse1_backend_name() == name,
+              torch.get_default_dtype() == dtype, len(xla_bridge._backends))
+        x = torch.randn(4, 4)
+        for be in ("inductor", "aot_eager"):
+            torch._dynamo.reset()
+            f = torch.compile(lambda t: (t @ t).relu(), backend=be)
+            torch.testing.assert_close(f(x), (x @ x).relu())
+        print("ok")
+        """
+    )
+    assert out.split() == ["False", "True", "True", "0", "ok"]
+
+
+def test_name_clash_on_tpu_warns_once(monkeypatch):
+    class FakeEP:
+        value = "torch_tpu.dynamo:backend"
+        dist = type("D", (), {"name": "torch-tpu"})()
+
+    monkeypatch.setattr(backend_mod, "_tpu_entry_points", lambda: [FakeEP()])
+    backend_mod._warn_if_tpu_name_taken.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            f = torch.compile(lambda x: x + 1, backend=tpu_inductor.tpu_inductor_backend)
+            f(torch.ones(2))
+            torch._dynamo.reset()
+            torch.compile(lambda x: x + 2, backend=tpu_inductor.tpu_inductor_backend)(torch.ones(2))
+        msgs = [str(x.message) for x in w if "backend 'tpu'" in str(x.message)]
+        assert len(msgs) == 1 and "torch-tpu" in msgs[0] and "tpu_inductor" in msgs[0]
+    finally:
+        backend_mod._warn_if_tpu_name_taken.cache_clear()
+
+
+def test_unknown_and_invalid_options_are_listed_together():
+    with pytest.raises(InvalidOptionError) as e:
+        parse_options({"devcie": "cpu", "device": "quantum", "check_meta": "yes"})
+    msg = str(e.value)
+    assert "unknown option 'devcie'" in msg
+    assert "'device' must be one of" in msg
+    assert "'check_meta' must be True or False" in msg
+    assert "Known options:" in msg and "fallback" in msg
+
+
+def test_options_reach_the_backend_through_torch_compile():
+    f = torch.compile(lambda x: x + 1, backend="tpu", options={"colour": "blue"})
+    with pytest.raises(Exception, match="unknown option 'colour'"):
+        f(torch.ones(2))
+
+
+def test_device_option_cpu_and_env(monkeypatch):
+    assert_same(compiled(lambda x: x * 3, device="cpu")(torch.ones(2)), torch.full((2,), 3.0))
+    monkeypatch.setenv("TPU_INDUCTOR_DEVICE", "cpu")
+    assert parse_options(None).device == "cpu"
+    with pytest.raises(InvalidOptionError, match="JAX sees only"):
+        from tpu_inductor.runtime import select_device
+
+        select_device("tpu")
+
+
+@torch.library.custom_op("tpu_inductor_test::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@mystery.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tpu_inductor_test::enigma", mutates_args=())
+def enigma(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.clone()
+
+
+@enigma.register_fake
+def _(x, n):
+    return torch.empty_like(x)
+
+
+def test_custom_op_without_lowering_names_every_missing_op():
+    def fn(x):
+        y = torch.ops.tpu_inductor_test.mystery(x) + 1
+        return torch.ops.tpu_inductor_test.enigma(y, 3)
+
+    with pytest.raises(UnsupportedOpError) as e:
+        compiled(fn, fallback="error")(torch.randn(2, 3))
+    err = e.value
+    msg = str(err)
+    assert "tpu_inductor_test.mystery.default(float32[2, 3])" in msg
+    assert "tpu_inductor_test.enigma.default(float32[2, 3], 3)" in msg
+    assert "test_backend.py" in msg and "mystery(x)" in msg  # the user's source line
+    assert "What to do" in msg
+    assert len(err.missing) == 2
+
+
+def test_check_meta_catches_a_wrong_lowering(monkeypatch):
+    from tpu_inductor.lowerings import LOWERINGS
+    from tpu_inductor.lowerings.registry import Lowering
+
+    op = torch.ops.aten.sin.default
+    good = LOWERINGS[op]
+    bad = Lowering(op, lambda ctx, x: (x[..., :1] * 0).astype("float16"), None, None, False)
+    monkeypatch.setitem(LOWERINGS, op, bad)
+    from tpu_inductor import cache
+
+    cache.clear()
+    try:
+        with pytest.raises(Exception) as e:
+            compiled(lambda x: torch.sin(x) * 2, check_meta=True)(torch.randn(3, 4))
+        assert isinstance(e.value, ShapeMismatchError) or "ShapeMismatchError" in repr(e.value)
+        assert "aten.sin.default" in str(e.value) and "float16[3, 1]" in str(e.value)
+    finally:
+        LOWERINGS[op] = good
+        cache.clear()
+
+
+def test_float64_on_tpu_is_a_clear_error():
+    from torch._dynamo.backends.common import aot_autograd
+
+    from tpu_inductor.lower import check_dtypes
+
+    seen = []
+
+    def grab(gm, example_inputs):
+        seen.append(gm)
+        return gm
+
+    f = torch.compile(lambda x: x * 2, backend=aot_autograd(fw_compiler=grab))
+    f(torch.randn(3, dtype=torch.float64))
+    check_dtypes(seen[0], "cpu")  # fine on CPU
+    with pytest.raises(UnsupportedDtypeError, match="(?s)float64.*float32"):
+        check_dtypes(seen[0], "tpu")
