@@ -1,0 +1,1 @@
+"""Benchmarks for tpu-inductor: run as ``python -m benchmarks.<name>``."""
