@@ -186,3 +186,58 @@ def test_float64_on_tpu_is_a_clear_error():
     check_dtypes(seen[0], "cpu")  # fine on CPU
     with pytest.raises(UnsupportedDtypeError, match="(?s)float64.*float32"):
         check_dtypes(seen[0], "tpu")
+
+
+@torch.library.custom_op("tpu_inductor_test::scaled_flip", mutates_args=())
+def scaled_flip(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(0) * 3
+
+
+@scaled_flip.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+scaled_flip.register_autograd(
+    lambda ctx, grad: grad.flip(0) * 3, setup_context=lambda ctx, inputs, output: None
+)
+
+
+def test_eager_fallback_runs_unsupported_ops_in_torch_and_warns_once():
+    from tpu_inductor.errors import FallbackWarning
+
+    def fn(x, w):
+        y = (x @ w).relu()
+        z = torch.ops.tpu_inductor_test.scaled_flip(y) + 1
+        return z.sum(0), torch.ops.tpu_inductor_test.scaled_flip(z).tanh()
+
+    x, w = torch.randn(4, 5), torch.randn(5, 3)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = compiled(fn)(x, w)
+    assert_same(out, fn(x, w))
+    msgs = [str(r.message) for r in rec if issubclass(r.category, FallbackWarning)]
+    assert len(msgs) == 1, msgs
+    assert msgs[0].count("tpu_inductor_test.scaled_flip.default(float32[4, 3])") == 2
+    assert "test_backend.py" in msgs[0]
+
+
+def test_eager_fallback_in_training_matches_eager_gradients():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 3)
+
+    def fn(x):
+        return torch.ops.tpu_inductor_test.scaled_flip(lin(x).sigmoid()).pow(2).mean()
+
+    x = torch.randn(4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = torch.compile(fn, backend="tpu")(x)
+    loss.backward()
+    grads = [p.grad.clone() for p in lin.parameters()]
+    lin.zero_grad()
+    ref = fn(x)
+    ref.backward()
+    assert_same(loss, ref)
+    for g, p in zip(grads, lin.parameters(), strict=True):
+        assert_same(g, p.grad)

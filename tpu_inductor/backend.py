@@ -21,7 +21,9 @@ import torch.fx as fx
 
 from tpu_inductor import cache, capture
 from tpu_inductor.config import Options, parse_options
-from tpu_inductor.lower import check_dtypes, lower_graph
+from tpu_inductor.lower import PYTHON_OPS, check_dtypes, describe_node, lower_graph, user_frame
+from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor.partition import split_for_fallback
 from tpu_inductor.runtime import CompiledGraph, ResidentInputs, platform_of, select_device
 
 log = logging.getLogger("tpu_inductor")
@@ -120,6 +122,10 @@ def compile_graph(
     Returns:
         A boxed callable taking and returning torch tensors.
     """
+    if opts.fallback == "eager" and any(
+        n.op == "call_function" and not is_supported(n) for n in gm.graph.nodes
+    ):
+        return _with_fallback(gm, opts, device, kind)
     start = time.perf_counter()
     platform = platform_of(device)
     check_dtypes(gm, platform)
@@ -152,3 +158,25 @@ def compile_graph(
         (time.perf_counter() - start) * 1e3,
     )
     return compiled
+
+
+def is_supported(node: fx.Node) -> bool:
+    """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run)."""
+    return node.target in LOWERINGS or node.target in PYTHON_OPS
+
+
+def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: str):
+    fused = split_for_fallback(
+        gm,
+        is_supported,
+        lambda sub: compile_graph(sub, opts, device, kind=f"{kind} island"),
+        lambda n: f"{describe_node(n)}\n      at {user_frame(n)}",
+    )
+
+    def run(args: list) -> list:
+        outs = fused(*args)
+        args.clear()
+        return list(outs)
+
+    run._boxed_call = True
+    return run

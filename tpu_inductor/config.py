@@ -16,7 +16,7 @@ from typing import Any
 from tpu_inductor.errors import InvalidOptionError
 
 DEVICES = ("tpu", "gpu", "cpu")
-FALLBACKS = ("error",)
+FALLBACKS = ("eager", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +25,9 @@ class Options:
 
     Attributes:
         device: ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``None`` for the best device JAX has.
-        fallback: what to do with ops that have no lowering; ``"error"`` raises
-            :class:`~tpu_inductor.errors.UnsupportedOpError` listing all of them.
+        fallback: what to do with ops that have no lowering: ``"eager"`` runs them in torch
+            on the CPU between compiled JAX islands and warns once per graph naming them;
+            ``"error"`` raises :class:`~tpu_inductor.errors.UnsupportedOpError` listing all.
         check_meta: check every lowered value's shape and dtype against the FX node's
             ``meta["val"]`` while tracing (a debugging aid for lowerings; costs nothing per call).
         cache_dir: a folder for JAX's persistent compilation cache, or ``None``.
@@ -35,7 +36,7 @@ class Options:
     """
 
     device: str | None = None
-    fallback: str = "error"
+    fallback: str = "eager"
     check_meta: bool = False
     cache_dir: str | None = None
     matmul_precision: str | None = None

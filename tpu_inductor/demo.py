@@ -21,8 +21,9 @@ class TinyDecoder(nn.Module):
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
-                                       norm_first=True, activation="gelu")
+            nn.TransformerEncoderLayer(
+                d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True, activation="gelu"
+            )
             for _ in range(layers)
         )
         self.norm = nn.LayerNorm(d)
@@ -74,12 +75,16 @@ def main(argv=None) -> int:
         t_eager = _time(model, ids, iters=args.iters)
 
     params = sum(p.numel() for p in model.parameters())
-    print(f"tpu-inductor demo: {params / 1e6:.2f}M-parameter decoder, batch {args.batch} x "
-          f"seq {args.seq}, inference")
+    print(
+        f"tpu-inductor demo: {params / 1e6:.2f}M-parameter decoder, batch {args.batch} x "
+        f"seq {args.seq}, inference"
+    )
     print(f"  device              : {device.platform} ({device.device_kind})")
     print(f"  first call (compile): {compile_s:.2f} s")
-    print(f"  steady state        : {t_comp * 1e3:.2f} ms/call compiled, "
-          f"{t_eager * 1e3:.2f} ms/call torch eager (CPU) -> {t_eager / t_comp:.2f}x")
+    print(
+        f"  steady state        : {t_comp * 1e3:.2f} ms/call compiled, "
+        f"{t_eager * 1e3:.2f} ms/call torch eager (CPU) -> {t_eager / t_comp:.2f}x"
+    )
     print(f"  max |compiled - eager| = {err:.2e}  ->  {'MATCH' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 

@@ -56,3 +56,7 @@ class ShapeMismatchError(TpuInductorError):
 
     Raised only with ``options={"check_meta": True}``; it points at a bug in a lowering.
     """
+
+
+class FallbackWarning(UserWarning):
+    """Some ops of a graph run in torch on the CPU because they have no lowering."""

@@ -27,6 +27,7 @@ from tpu_inductor.errors import (
     UnsupportedOpError,
 )
 from tpu_inductor.lowerings import LOWERINGS, LoweringContext
+from tpu_inductor.lowerings.unsupported import UNSUPPORTED
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
 PYTHON_OPS: dict[Any, Callable] = {
@@ -121,14 +122,22 @@ class LoweredGraph:
 
 
 def check_supported(gm: fx.GraphModule) -> None:
-    """Raise one :class:`UnsupportedOpError` listing every node without a lowering."""
+    """Raise one :class:`UnsupportedOpError` listing every node without a lowering.
+
+    Ops that are unsupported on purpose (``tpu_inductor.lowerings.unsupported``) carry their
+    reason and the rewrite that avoids them.
+    """
     missing = []
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         if node.target in LOWERINGS or node.target in PYTHON_OPS:
             continue
-        missing.append(f"{describe_node(node)}\n      at {user_frame(node)}")
+        line = f"{describe_node(node)}\n      at {user_frame(node)}"
+        reason = UNSUPPORTED.get(node.target)
+        if reason is not None:
+            line += f"\n      not supported: {reason}"
+        missing.append(line)
     if missing:
         raise UnsupportedOpError(
             f"{len(missing)} op(s) in this graph have no TPU lowering:\n  - "
