@@ -15,7 +15,7 @@ aten = torch.ops.aten
 
 
 def _out(ctx):
-    return tuple(int(s) for s in ctx.out.shape), ctx.out_dtype()
+    return ctx.out_shape(), ctx.out_dtype()
 
 
 # aten::full(SymInt[] size, Scalar fill_value, ...); full_like(Tensor self, Scalar fill_value, ...)

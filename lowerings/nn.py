@@ -147,8 +147,8 @@ def batch_norm_functional(
     out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
     return (
         out,
-        jnp.zeros(ctx.out[1].shape, ctx.out_dtype(1)),
-        jnp.zeros(ctx.out[2].shape, ctx.out_dtype(2)),
+        jnp.zeros(ctx.out_shape(1), ctx.out_dtype(1)),
+        jnp.zeros(ctx.out_shape(2), ctx.out_dtype(2)),
         running_mean,
         running_var,
     )
@@ -162,8 +162,8 @@ def batch_norm_no_training(ctx, input, weight, bias, running_mean, running_var, 
     out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
     return (
         out,
-        jnp.zeros(ctx.out[1].shape, ctx.out_dtype(1)),
-        jnp.zeros(ctx.out[2].shape, ctx.out_dtype(2)),
+        jnp.zeros(ctx.out_shape(1), ctx.out_dtype(1)),
+        jnp.zeros(ctx.out_shape(2), ctx.out_dtype(2)),
     )
 
 

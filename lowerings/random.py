@@ -17,7 +17,7 @@ aten = torch.ops.aten
 
 
 def _out(ctx):
-    return tuple(int(s) for s in ctx.out.shape), ctx.out_dtype()
+    return ctx.out_shape(), ctx.out_dtype()
 
 
 def _uniform(ctx, low=0.0, high=1.0):

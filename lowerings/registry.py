@@ -20,6 +20,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from tpu_inductor.dtypes import to_jax_dtype
+from tpu_inductor.shapes import concrete_shape
 
 P = ELEMENTWISE_TYPE_PROMOTION_KIND
 
@@ -34,12 +35,14 @@ class LoweringContext:
         arg_metas: the node's positional arguments with FX nodes replaced by their
             ``meta["val"]`` (FakeTensors / SymInts), for promotion decisions.
         make_key: returns a fresh, per-node ``jax.random`` key (only valid while tracing).
+        bindings: values of the graph's size symbols in the call being traced (dynamic shapes).
     """
 
     node: Any
     precision: Any
     arg_metas: tuple
     make_key: Callable[[], jax.Array] | None = None
+    bindings: dict | None = None
 
     @property
     def out(self):
@@ -50,6 +53,11 @@ class LoweringContext:
         """The JAX dtype torch gives this node's output (``index`` for multi-output ops)."""
         val = self.out if index is None else self.out[index]
         return to_jax_dtype(val.dtype)
+
+    def out_shape(self, index: int | None = None) -> tuple[int, ...]:
+        """The concrete shape torch gives this node's output (symbolic sizes evaluated)."""
+        val = self.out if index is None else self.out[index]
+        return concrete_shape(val.shape, self.bindings)
 
     def key(self) -> jax.Array:
         """A fresh PRNG key derived from torch's generator for this call and this node."""

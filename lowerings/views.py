@@ -23,7 +23,7 @@ def _dim(d: int, ndim: int) -> int:
 
 def _shape(ctx, shape):
     """Concrete output shape: torch's -1 resolved from the node's meta."""
-    return tuple(int(s) for s in ctx.out.shape)
+    return ctx.out_shape()
 
 
 @register_lowering(
@@ -98,6 +98,16 @@ def slice_(ctx, self, dim=0, start=None, end=None, step=1):
     return lax.slice_in_dim(self, start, end, step, axis=dim)
 
 
+# aten::slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None,
+#                     SymInt step=1) -> Tensor
+@register_lowering(aten.slice_scatter.default)
+def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, self.ndim)
+    start, end = _norm_slice(start, end, self.shape[dim])
+    index = (slice(None),) * dim + (slice(start, end, step),)
+    return self.at[index].set(src.astype(self.dtype))
+
+
 @register_lowering(aten.select.int, aten.select_copy.int)
 def select(ctx, self, dim, index):
     dim = _dim(dim, self.ndim)
@@ -145,7 +155,7 @@ def cat(ctx, tensors, dim=0):
     # NOTE: torch skips legacy 1-d empty tensors in cat whatever the other shapes are.
     parts = [t.astype(dtype) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not parts:
-        return jnp.zeros(tuple(ctx.out.shape), dtype)
+        return jnp.zeros(ctx.out_shape(), dtype)
     return jnp.concatenate(parts, axis=_dim(dim, parts[0].ndim))
 
 
@@ -228,3 +238,25 @@ def unfold(ctx, self, dimension, size, step):
     idx = np.arange(n)[:, None] * step + np.arange(size)[None, :]
     out = jnp.take(self, jnp.asarray(idx), axis=dim)  # [..., n, size, ...]
     return jnp.moveaxis(out, dim + 1, -1)
+
+
+# Size queries left in graphs with symbolic shapes; the sizes are concrete while tracing.
+@register_lowering(aten.sym_size.int)
+def sym_size(ctx, self, dim):
+    return self.shape[dim]
+
+
+@register_lowering(aten.sym_numel.default)
+def sym_numel(ctx, self):
+    return self.size
+
+
+@register_lowering(aten.sym_stride.int)
+def sym_stride(ctx, self, dim):
+    strides = np.cumprod((1,) + tuple(reversed(self.shape[1:])))[::-1]
+    return int(strides[dim])
+
+
+@register_lowering(aten.sym_storage_offset.default)
+def sym_storage_offset(ctx, self):
+    return 0

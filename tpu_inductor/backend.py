@@ -24,7 +24,13 @@ from tpu_inductor.config import Options, parse_options
 from tpu_inductor.lower import PYTHON_OPS, check_dtypes, describe_node, lower_graph, user_frame
 from tpu_inductor.lowerings import LOWERINGS
 from tpu_inductor.partition import split_for_fallback
-from tpu_inductor.runtime import CompiledGraph, ResidentInputs, platform_of, select_device
+from tpu_inductor.runtime import (
+    CompiledGraph,
+    Executables,
+    ResidentInputs,
+    platform_of,
+    select_device,
+)
 
 log = logging.getLogger("tpu_inductor")
 
@@ -130,26 +136,14 @@ def compile_graph(
     platform = platform_of(device)
     check_dtypes(gm, platform)
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
-    key = cache.graph_key(gm, (precision, opts.check_meta, str(device)))
+    key = cache.graph_key(gm, (precision, opts.check_meta, opts.max_executables, str(device)))
 
     def create():
         lowered = lower_graph(gm, precision=precision, check_meta=opts.check_meta)
-        static = tuple(
-            i + 1
-            for i in range(len(gm.graph.find_nodes(op="placeholder")))
-            if i not in lowered.tensor_inputs
-        )
+        return Executables(lowered, opts.max_executables, name=kind)
 
-        def traced(seed, *inputs):
-            cache.STATS.traces += 1
-            return lowered.fn(seed, *inputs)
-
-        return lowered, jax.jit(traced, static_argnums=static)
-
-    lowered, jitted = cache.get_or_create(key, create)
-    compiled = CompiledGraph(
-        jitted, lowered, device, ResidentInputs(static_positions, device), name=kind
-    )
+    exes = cache.get_or_create(key, create)
+    compiled = CompiledGraph(exes, device, ResidentInputs(static_positions, device), name=kind)
     cache.COMPILED.add(compiled)
     log.debug(
         "%s graph: %d nodes lowered in %.1f ms",

@@ -33,6 +33,8 @@ class Options:
         cache_dir: a folder for JAX's persistent compilation cache, or ``None``.
         matmul_precision: ``None`` follows ``torch.get_float32_matmul_precision()``; or one of
             ``"highest"``, ``"high"``, ``"medium"`` to override it for this compile.
+        max_executables: how many XLA executables (one per concrete input shape) each graph
+            keeps; the least recently used is dropped beyond that.
     """
 
     device: str | None = None
@@ -40,6 +42,7 @@ class Options:
     check_meta: bool = False
     cache_dir: str | None = None
     matmul_precision: str | None = None
+    max_executables: int = 64
 
 
 _ENV = {
@@ -48,6 +51,7 @@ _ENV = {
     "check_meta": "TPU_INDUCTOR_CHECK_META",
     "cache_dir": "TPU_INDUCTOR_CACHE_DIR",
     "matmul_precision": "TPU_INDUCTOR_MATMUL_PRECISION",
+    "max_executables": "TPU_INDUCTOR_MAX_EXECUTABLES",
 }
 
 _CHOICES = {
@@ -63,6 +67,11 @@ def _from_env(name: str, field: dataclasses.Field) -> Any:
         return field.default
     if field.type in ("bool", bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
+    if field.type in ("int", int):
+        try:
+            return int(raw)
+        except ValueError:
+            return raw  # reported as a bad value below
     return raw
 
 
@@ -95,6 +104,10 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
             problems.append(f"option {name!r} must be True or False, got {value!r}")
         elif choices is not None and value is not None and value not in choices:
             problems.append(f"option {name!r} must be one of {choices} or None, got {value!r}")
+        elif field.type in ("int", int) and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            problems.append(f"option {name!r} must be a positive int, got {value!r}")
         elif name == "cache_dir" and value is not None and not isinstance(value, str | os.PathLike):
             problems.append(f"option 'cache_dir' must be a path, got {value!r}")
         values[name] = value

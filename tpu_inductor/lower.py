@@ -28,6 +28,7 @@ from tpu_inductor.errors import (
 )
 from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 from tpu_inductor.lowerings.unsupported import UNSUPPORTED
+from tpu_inductor.shapes import bind, concrete_shape, graph_is_dynamic
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
 PYTHON_OPS: dict[Any, Callable] = {
@@ -113,12 +114,20 @@ class LoweredGraph:
         tensor_inputs: positions of graph inputs that are tensors (the rest are static).
         has_rng: whether ``fn`` needs a seed.
         num_outputs: length of the output tuple.
+        scalar_outputs: output positions that are Python numbers (sizes returned for backward);
+            the jitted function returns them as 0-d arrays.
+        dynamic: whether the graph has symbolic sizes (specialized per concrete shape).
+        input_metas / output_metas: the placeholders' and outputs' ``meta["val"]``.
     """
 
     fn: Callable
     tensor_inputs: tuple[int, ...]
     has_rng: bool
     num_outputs: int
+    scalar_outputs: frozenset[int] = frozenset()
+    dynamic: bool = False
+    input_metas: tuple = ()
+    output_metas: tuple = ()
 
 
 def check_supported(gm: fx.GraphModule) -> None:
@@ -171,14 +180,14 @@ def check_dtypes(gm: fx.GraphModule, platform: str) -> None:
         )
 
 
-def _check_meta(node: fx.Node, value) -> None:
+def _check_meta(node: fx.Node, value, bindings: dict | None) -> None:
     spec = node.meta.get("val")
     specs = spec if isinstance(spec, list | tuple) else [spec]
     values = value if isinstance(value, list | tuple) else [value]
     for s, v in zip(specs, values, strict=False):
         if not isinstance(s, torch.Tensor) or v is None:
             continue
-        want_shape, want_dtype = tuple(int(d) for d in s.shape), to_jax_dtype(s.dtype)
+        want_shape, want_dtype = concrete_shape(s.shape, bindings), to_jax_dtype(s.dtype)
         if tuple(v.shape) != want_shape or v.dtype != want_dtype:
             raise ShapeMismatchError(
                 f"lowering of {describe_node(node)} produced {v.dtype}{list(v.shape)}, "
@@ -210,6 +219,12 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
     jax_precision = PRECISIONS[precision]
     output_node = next(n for n in reversed(nodes) if n.op == "output")
     num_outputs = len(output_node.args[0])
+    input_metas = tuple(n.meta.get("val") for n in placeholders)
+    output_metas = tuple(_meta_of(a) for a in output_node.args[0])
+    scalar_outputs = frozenset(
+        i for i, m in enumerate(output_metas) if not isinstance(m, torch.Tensor | type(None))
+    )
+    dynamic = graph_is_dynamic(input_metas)
     contexts = {
         n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args))
         for n in nodes
@@ -222,6 +237,9 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
         for node, value in zip(placeholders, inputs, strict=True):
             env[node] = value
             input_ids.add(id(value))
+        bindings = bind(input_metas, inputs) if dynamic else None
+        for ctx in contexts.values():
+            ctx.bindings = bindings
         base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
         counter = iter(range(1 << 30))
 
@@ -255,7 +273,7 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
                     f"  at {user_frame(node)}"
                 ) from e
             if check_meta:
-                _check_meta(node, value)
+                _check_meta(node, value, bindings)
             env[node] = value
         outs = []
         seen = set(input_ids)
@@ -269,7 +287,9 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
             outs.append(out)
         return tuple(outs)
 
-    return LoweredGraph(fn, tensor_inputs, has_rng, num_outputs)
+    return LoweredGraph(
+        fn, tensor_inputs, has_rng, num_outputs, scalar_outputs, dynamic, input_metas, output_metas
+    )
 
 
 def _fresh(x):

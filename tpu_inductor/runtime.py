@@ -8,8 +8,12 @@ and outputs go back through DLPack on CPU and through one host copy elsewhere.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import logging
+import threading
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -135,6 +139,105 @@ def draw_seed() -> np.ndarray:
     return words.numpy().astype(np.uint32)
 
 
+@dataclasses.dataclass
+class Build:
+    """Why and how fast one executable was built (for ``tpu_inductor.report()``)."""
+
+    signature: tuple
+    reason: str
+    seconds: float
+
+
+class Executables:
+    """One XLA executable per concrete input signature of a lowered graph, LRU-bounded.
+
+    A signature is the (shape, dtype) of every tensor input plus the values of the static
+    (Python scalar) inputs. Dynamic graphs get one executable per concrete shape; Dynamo never
+    sees a size change. Thread-safe: each signature is compiled once, however many threads
+    ask for it at the same time.
+    """
+
+    def __init__(self, lowered, max_entries: int, name: str):
+        self.lowered = lowered
+        self.max_entries = max_entries
+        self.name = name
+        self.entries: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self.builds: list[Build] = []
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self._lock = threading.Lock()
+        n = len(lowered.input_metas)
+        self._static = tuple(i + 1 for i in range(n) if i not in set(lowered.tensor_inputs))
+        self._tensor_pos = lowered.tensor_inputs
+
+        def traced(seed, *inputs):
+            cache.STATS.traces += 1
+            return lowered.fn(seed, *inputs)
+
+        self._jitted = jax.jit(traced, static_argnums=self._static)
+
+    def get(self, signature: tuple, seed, arrays: list, statics: list):
+        """The executable for ``signature``, compiling it on first use."""
+        exe = self.entries.get(signature)
+        if exe is not None:
+            self.hits += 1
+            if len(self.entries) > 1:
+                self.entries.move_to_end(signature)
+            return exe
+        with self._lock:
+            exe = self.entries.get(signature)
+            if exe is not None:
+                return exe
+            self.misses += 1
+            start = time.perf_counter()
+            args = [None] * len(self.lowered.input_metas)
+            for pos, a in zip(self._tensor_pos, arrays, strict=True):
+                args[pos] = a
+            it = iter(statics)
+            for i in range(len(args)):
+                if i not in self._tensor_pos:
+                    args[i] = next(it)
+            exe = self._jitted.lower(seed, *args).compile()
+            reason = self._reason(signature)
+            self.builds.append(Build(signature, reason, time.perf_counter() - start))
+            self.entries[signature] = exe
+            if len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
+                self.evictions += 1
+            log.info(
+                "%s: built executable #%d (%s) in %.2fs",
+                self.name,
+                len(self.builds),
+                reason,
+                self.builds[-1].seconds,
+            )
+            return exe
+
+    def _reason(self, signature: tuple) -> str:
+        if not self.builds:
+            return "first call"
+        prev = self.builds[-1].signature
+        changed = [
+            f"input {i}: {_fmt(a)} -> {_fmt(b)}"
+            for i, (a, b) in enumerate(zip(prev[0], signature[0], strict=True))
+            if a != b
+        ]
+        changed += [
+            f"scalar {i}: {a!r} -> {b!r}"
+            for i, (a, b) in enumerate(zip(prev[1], signature[1], strict=True))
+            if a != b
+        ]
+        if len(self.entries) >= self.max_entries:
+            changed.append("(an older executable was evicted: max_executables reached)")
+        return "; ".join(changed) or "evicted earlier, rebuilt"
+
+
+def _fmt(spec) -> str:
+    shape, dtype = spec
+    return f"{dtype}{list(shape)}"
+
+
 class CompiledGraph:
     """The callable handed back to AOTAutograd for one graph (boxed calling convention).
 
@@ -142,37 +245,47 @@ class CompiledGraph:
     of fresh CPU torch tensors. Nothing returned aliases a buffer this object keeps.
     """
 
-    def __init__(self, jitted, lowered, device: jax.Device, resident: ResidentInputs, name: str):
+    def __init__(self, exes: Executables, device: jax.Device, resident: ResidentInputs, name: str):
         # An instance attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
         self._boxed_call = True
-        self.jitted = jitted
-        self.lowered = lowered
+        self.exes = exes
+        self.lowered = exes.lowered
         self.device = device
         self.resident = resident
         self.name = name
-        self._tensor_inputs = frozenset(lowered.tensor_inputs)
+        self._tensor_inputs = frozenset(self.lowered.tensor_inputs)
+        self._scalar_outputs = self.lowered.scalar_outputs
         # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
         self._needs_default_device = jax.devices()[0] != device
 
     def __call__(self, args: list) -> list:
         get = self.resident.get
+        tensor_inputs = self._tensor_inputs
         seed = draw_seed() if self.lowered.has_rng else None
         with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
-            inputs = [
-                get(i, a) if i in self._tensor_inputs else _python_scalar(a)
-                for i, a in enumerate(args)
-            ]
+            arrays, statics = [], []
+            for i, a in enumerate(args):
+                if i in tensor_inputs:
+                    arrays.append(get(i, a))
+                else:
+                    statics.append(_python_scalar(a))
             args.clear()
+            signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
             if self._needs_default_device:
                 with jax.default_device(self.device):
-                    outs = self.jitted(seed, *inputs)
+                    outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
             else:
-                outs = self.jitted(seed, *inputs)
+                outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
+            if self._scalar_outputs:
+                return [
+                    o.item() if i in self._scalar_outputs else jax_to_tensor(o)
+                    for i, o in enumerate(outs)
+                ]
             return [jax_to_tensor(o) for o in outs]
 
 
 def _python_scalar(v):
-    """SymInts/SymFloats that reach a static graph are concrete here; make them plain Python."""
+    """SymInts/SymFloats that reach a graph are concrete here; make them plain Python."""
     if isinstance(v, torch.SymInt):
         return int(v)
     if isinstance(v, torch.SymFloat):
