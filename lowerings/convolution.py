@@ -236,7 +236,10 @@ def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divi
     """Average pooling with torch's divisor rules (padding counted or not, ceil_mode tails)."""
     dims, strides, pads, _ = _window(x, kernel_size, stride, padding, 1, ceil_mode, n)
     acc = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
-    summed = lax.reduce_window(x.astype(acc), jnp.array(0, acc), lax.add, dims, strides, pads)
+    # A concrete (numpy) zero: under jit a jnp zero is a tracer, so lax.reduce_window can't see
+    # it is a sum and falls back to a generic reduction that has no VJP (breaking the backward).
+    zero = np.zeros((), acc)
+    summed = lax.reduce_window(x.astype(acc), zero, lax.add, dims, strides, pads)
     if divisor_override:
         return (summed / divisor_override).astype(x.dtype)
     p = _tup(padding, n)
@@ -248,7 +251,7 @@ def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divi
     else:
         ones = jnp.ones(spatial, acc)
         cpads = pads[-n:]
-    counts = lax.reduce_window(ones, jnp.array(0, acc), lax.add, dims[-n:], strides[-n:], cpads)
+    counts = lax.reduce_window(ones, zero, lax.add, dims[-n:], strides[-n:], cpads)
     return (summed / counts).astype(x.dtype)
 
 

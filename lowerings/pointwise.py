@@ -450,14 +450,14 @@ def addcdiv(ctx, self, tensor1, tensor2, value=1):
 
 
 def _register_fma():
-    # prims.fma appears in graphs (e.g. from lerp/AdamW) once torch._prims has loaded it.
-    import torch._prims  # noqa: F401
+    # prims::fma(Tensor a, Tensor b, Tensor c) -> Tensor: a * b + c. Dynamo emits it for
+    # addcmul_/addcdiv_/add_ with a value (every Adam/AdamW step). The op is defined by
+    # torch._inductor.inductor_prims (not torch._prims), which torch.compile imports anyway.
+    import torch._inductor.inductor_prims  # noqa: F401
 
-    fma = getattr(torch.ops.prims, "fma", None)
-    if fma is not None:
-        register_lowering(fma.default, promote=P.DEFAULT, promote_args=(0, 1, 2))(
-            lambda ctx, a, b, c: a * b + c
-        )
+    register_lowering(torch.ops.prims.fma.default, promote=P.DEFAULT, promote_args=(0, 1, 2))(
+        lambda ctx, a, b, c: a * b + c
+    )
 
 
 _register_fma()

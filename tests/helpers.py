@@ -52,13 +52,17 @@ def check_fn(fn, *args, atol=1e-5, rtol=1e-4, **options):
 
 def check_module_training(model, make_inputs, steps=3, opt="adamw", atol=1e-5, rtol=1e-4,
                           loss_fn=None):
-    """Outputs, every parameter's gradient, and ``steps`` optimizer steps against eager."""
+    """Outputs, every parameter's gradient, and ``steps`` optimizer steps against eager.
+
+    ``opt`` is ``"adamw"``, ``"sgd"`` (momentum 0.9) or a callable ``params -> Optimizer``."""
     eager = copy.deepcopy(model)
     comp = copy.deepcopy(model)
     cmodel = torch.compile(comp, backend="tpu")
     loss_fn = loss_fn or (lambda out: out.float().pow(2).mean())
 
     def make_opt(m):
+        if callable(opt):
+            return opt(m.parameters())
         if opt == "sgd":
             return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
         return torch.optim.AdamW(m.parameters(), lr=1e-2)
