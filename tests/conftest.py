@@ -19,6 +19,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    import tpu_inductor
+
     torch._dynamo.reset()
+    tpu_inductor.reset()
     yield
     torch._dynamo.reset()

@@ -8,8 +8,10 @@ Importing this package has no global side effects: it does not enable ``jax_enab
 rename PrivateUse1, change torch defaults or start a JAX backend.
 """
 
+from tpu_inductor import cache, debug, testing
 from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
 from tpu_inductor.errors import (
+    FallbackWarning,
     InvalidOptionError,
     LoweringError,
     ShapeMismatchError,
@@ -17,16 +19,26 @@ from tpu_inductor.errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from tpu_inductor.report import report
+from tpu_inductor.warmup import warmup
+
+reset = cache.clear
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FallbackWarning",
     "InvalidOptionError",
     "LoweringError",
     "ShapeMismatchError",
     "TpuInductorError",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
+    "debug",
+    "report",
+    "reset",
+    "testing",
     "tpu_backend",
     "tpu_inductor_backend",
+    "warmup",
 ]

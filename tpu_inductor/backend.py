@@ -9,6 +9,7 @@ runtime.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 import warnings
@@ -20,7 +21,8 @@ import torch
 import torch.fx as fx
 
 from tpu_inductor import cache, capture
-from tpu_inductor.config import Options, parse_options
+from tpu_inductor.config import Options, configure_logging, parse_options
+from tpu_inductor.debug import dump_graph
 from tpu_inductor.lower import PYTHON_OPS, check_dtypes, describe_node, lower_graph, user_frame
 from tpu_inductor.lowerings import LOWERINGS
 from tpu_inductor.partition import split_for_fallback
@@ -35,6 +37,7 @@ from tpu_inductor.runtime import (
 log = logging.getLogger("tpu_inductor")
 
 ENTRY_POINT_GROUP = "torch_dynamo_backends"
+_graph_ids = itertools.count()
 
 
 def tpu_backend(
@@ -94,6 +97,7 @@ def _is_ours(value: str) -> bool:
 
 
 def _aot_backend(opts: Options):
+    configure_logging()
     device = select_device(opts.device)
     if opts.cache_dir:
         cache.enable_persistent_cache(opts.cache_dir)
@@ -136,14 +140,26 @@ def compile_graph(
     platform = platform_of(device)
     check_dtypes(gm, platform)
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
-    key = cache.graph_key(gm, (precision, opts.check_meta, opts.max_executables, str(device)))
+    key = cache.graph_key(
+        gm, (precision, opts.check_meta, opts.max_executables, opts.pad_to, str(device))
+    )
 
     def create():
+        t0 = time.perf_counter()
         lowered = lower_graph(gm, precision=precision, check_meta=opts.check_meta)
-        return Executables(lowered, opts.max_executables, name=kind)
+        name = f"graph{next(_graph_ids)}-{kind}"
+        dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
+        return Executables(lowered, opts.max_executables, name, dump, time.perf_counter() - t0)
 
     exes = cache.get_or_create(key, create)
-    compiled = CompiledGraph(exes, device, ResidentInputs(static_positions, device), name=kind)
+    compiled = CompiledGraph(
+        exes,
+        device,
+        ResidentInputs(static_positions, device),
+        name=kind,
+        pad_to=opts.pad_to,
+        gm=gm if opts.pad_to else None,
+    )
     cache.COMPILED.add(compiled)
     log.debug(
         "%s graph: %d nodes lowered in %.1f ms",
@@ -160,11 +176,15 @@ def is_supported(node: fx.Node) -> bool:
 
 
 def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: str):
+    describe = lambda n: f"{describe_node(n)}\n      at {user_frame(n)}"  # noqa: E731
+    cache.FALLBACK_OPS.extend(
+        describe(n) for n in gm.graph.nodes if n.op == "call_function" and not is_supported(n)
+    )
     fused = split_for_fallback(
         gm,
         is_supported,
         lambda sub: compile_graph(sub, opts, device, kind=f"{kind} island"),
-        lambda n: f"{describe_node(n)}\n      at {user_frame(n)}",
+        describe,
     )
 
     def run(args: list) -> list:

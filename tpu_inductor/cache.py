@@ -45,6 +45,8 @@ class CacheStats:
 STATS = CacheStats()
 # Every live CompiledGraph, for introspection (tests, reports); weak so Dynamo owns lifetimes.
 COMPILED: weakref.WeakSet = weakref.WeakSet()
+# "op(args) at source line" for every op that fell back to eager, in compile order.
+FALLBACK_OPS: list[str] = []
 _lock = threading.Lock()
 _entries: collections.OrderedDict[str, object] = collections.OrderedDict()
 _persistent_dir: str | None = None
@@ -94,9 +96,16 @@ def get_or_create(key: str, create: Callable[[], object]) -> object:
 
 
 def clear() -> None:
-    """Forget every cached executable (the persistent cache on disk is left alone)."""
+    """Forget every cached executable, the report's history and the counters.
+
+    The persistent cache on disk is left alone. Exposed as ``tpu_inductor.reset()``; call
+    ``torch._dynamo.reset()`` too so Dynamo drops the compiled frames that use them.
+    """
     with _lock:
         _entries.clear()
+        COMPILED.clear()
+        FALLBACK_OPS.clear()
+        STATS.reset()
 
 
 def enable_persistent_cache(path: str) -> None:

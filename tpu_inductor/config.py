@@ -9,6 +9,7 @@ every problem at once together with the known options.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +36,10 @@ class Options:
             ``"highest"``, ``"high"``, ``"medium"`` to override it for this compile.
         max_executables: how many XLA executables (one per concrete input shape) each graph
             keeps; the least recently used is dropped beyond that.
+        dump_dir: a folder where each graph's FX code, and each executable's jaxpr and
+            StableHLO, are written (for debugging), or ``None``.
+        pad_to: shape buckets for dynamic graphs: ``"pow2"`` or a list of sizes; symbolic
+            sizes are padded up to their bucket and outputs sliced back (see buckets.py).
     """
 
     device: str | None = None
@@ -43,6 +48,8 @@ class Options:
     cache_dir: str | None = None
     matmul_precision: str | None = None
     max_executables: int = 64
+    dump_dir: str | None = None
+    pad_to: str | tuple[int, ...] | None = None
 
 
 _ENV = {
@@ -52,6 +59,8 @@ _ENV = {
     "cache_dir": "TPU_INDUCTOR_CACHE_DIR",
     "matmul_precision": "TPU_INDUCTOR_MATMUL_PRECISION",
     "max_executables": "TPU_INDUCTOR_MAX_EXECUTABLES",
+    "dump_dir": "TPU_INDUCTOR_DUMP_DIR",
+    "pad_to": "TPU_INDUCTOR_PAD_TO",
 }
 
 _CHOICES = {
@@ -108,9 +117,28 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
             not isinstance(value, int) or isinstance(value, bool) or value < 1
         ):
             problems.append(f"option {name!r} must be a positive int, got {value!r}")
-        elif name == "cache_dir" and value is not None and not isinstance(value, str | os.PathLike):
-            problems.append(f"option 'cache_dir' must be a path, got {value!r}")
+        elif (
+            name in ("cache_dir", "dump_dir")
+            and value is not None
+            and not isinstance(value, str | os.PathLike)
+        ):
+            problems.append(f"option {name!r} must be a path, got {value!r}")
         values[name] = value
+    pad = values.get("pad_to")
+    if isinstance(pad, str) and pad != "pow2":
+        try:
+            pad = [int(p) for p in pad.split(",")]
+        except ValueError:
+            problems.append(f"option 'pad_to' must be 'pow2' or a list of sizes, got {pad!r}")
+            pad = None
+    if isinstance(pad, list | tuple):
+        if not pad or not all(isinstance(p, int) and p > 0 for p in pad):
+            problems.append(f"option 'pad_to' must be 'pow2' or positive sizes, got {pad!r}")
+        else:
+            pad = tuple(sorted(set(pad)))
+    elif pad is not None and pad != "pow2":
+        problems.append(f"option 'pad_to' must be 'pow2' or a list of sizes, got {pad!r}")
+    values["pad_to"] = pad
     if problems:
         known = ", ".join(f"{n} (env {_ENV[n]})" for n in fields)
         raise InvalidOptionError(
@@ -118,6 +146,31 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
             + "\n  - ".join(problems)
             + f"\nKnown options: {known}."
         )
-    if values["cache_dir"] is not None:
-        values["cache_dir"] = os.fspath(values["cache_dir"])
+    for name in ("cache_dir", "dump_dir"):
+        if values[name] is not None:
+            values[name] = os.fspath(values[name])
     return Options(**values)
+
+
+_logging_configured = False
+
+
+def configure_logging() -> None:
+    """Honour ``TPU_INDUCTOR_LOG`` (``DEBUG``, ``INFO``, ``WARNING`` or ``1`` for INFO).
+
+    Called on first use of the backend, never on import; touches only the ``tpu_inductor``
+    logger, adding a stderr handler when the variable is set.
+    """
+    global _logging_configured
+    if _logging_configured:
+        return
+    _logging_configured = True
+    level = os.environ.get("TPU_INDUCTOR_LOG", "").strip().upper()
+    if not level:
+        return
+    level = "INFO" if level in ("1", "TRUE", "ON") else level
+    logger = logging.getLogger("tpu_inductor")
+    logger.setLevel(getattr(logging, level, logging.INFO))
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[tpu_inductor %(levelname)s] %(message)s"))
+    logger.addHandler(handler)

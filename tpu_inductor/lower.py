@@ -7,6 +7,7 @@ PRNG seed as its first argument when the graph draws random numbers.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import operator
@@ -128,6 +129,7 @@ class LoweredGraph:
     dynamic: bool = False
     input_metas: tuple = ()
     output_metas: tuple = ()
+    ops: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def check_supported(gm: fx.GraphModule) -> None:
@@ -287,8 +289,17 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
             outs.append(out)
         return tuple(outs)
 
+    ops = collections.Counter(str(n.target) for n in nodes if n.op == "call_function")
     return LoweredGraph(
-        fn, tensor_inputs, has_rng, num_outputs, scalar_outputs, dynamic, input_metas, output_metas
+        fn,
+        tensor_inputs,
+        has_rng,
+        num_outputs,
+        scalar_outputs,
+        dynamic,
+        input_metas,
+        output_metas,
+        dict(ops),
     )
 
 

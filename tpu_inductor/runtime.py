@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import pathlib
 import threading
 import time
 import weakref
@@ -21,9 +22,10 @@ import jax
 import numpy as np
 import torch
 
-from tpu_inductor import cache
+from tpu_inductor import buckets, cache
 from tpu_inductor.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_inductor.errors import InvalidOptionError
+from tpu_inductor.shapes import bind, concrete
 
 log = logging.getLogger("tpu_inductor")
 
@@ -157,15 +159,26 @@ class Executables:
     ask for it at the same time.
     """
 
-    def __init__(self, lowered, max_entries: int, name: str):
+    def __init__(
+        self,
+        lowered,
+        max_entries: int,
+        name: str,
+        dump_dir: pathlib.Path | None = None,
+        lower_seconds: float = 0.0,
+    ):
         self.lowered = lowered
         self.max_entries = max_entries
         self.name = name
+        self.dump_dir = dump_dir
+        self.lower_seconds = lower_seconds
         self.entries: collections.OrderedDict[tuple, object] = collections.OrderedDict()
         self.builds: list[Build] = []
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.checked: set = set()  # padded signatures already compared with an exact run
+        self.padding_off = False
         self._lock = threading.Lock()
         n = len(lowered.input_metas)
         self._static = tuple(i + 1 for i in range(n) if i not in set(lowered.tensor_inputs))
@@ -198,8 +211,15 @@ class Executables:
             for i in range(len(args)):
                 if i not in self._tensor_pos:
                     args[i] = next(it)
-            exe = self._jitted.lower(seed, *args).compile()
+            traced = self._jitted.trace(seed, *args)
+            lowered = traced.lower()
+            exe = lowered.compile()
             reason = self._reason(signature)
+            if self.dump_dir is not None:
+                n = len(self.builds)
+                (self.dump_dir / f"executable{n}.jaxpr.txt").write_text(str(traced.jaxpr))
+                (self.dump_dir / f"executable{n}.stablehlo.mlir").write_text(lowered.as_text())
+                (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
             self.builds.append(Build(signature, reason, time.perf_counter() - start))
             self.entries[signature] = exe
             if len(self.entries) > self.max_entries:
@@ -245,10 +265,21 @@ class CompiledGraph:
     of fresh CPU torch tensors. Nothing returned aliases a buffer this object keeps.
     """
 
-    def __init__(self, exes: Executables, device: jax.Device, resident: ResidentInputs, name: str):
+    def __init__(
+        self,
+        exes: Executables,
+        device: jax.Device,
+        resident: ResidentInputs,
+        name: str,
+        pad_to=None,
+        gm=None,
+    ):
         # An instance attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
         self._boxed_call = True
         self.exes = exes
+        # Shape buckets apply to dynamic graphs only; gm runs the exact-shape check in torch.
+        self.pad_to = pad_to if exes.lowered.dynamic else None
+        self.gm = gm
         self.lowered = exes.lowered
         self.device = device
         self.resident = resident
@@ -259,6 +290,8 @@ class CompiledGraph:
         self._needs_default_device = jax.devices()[0] != device
 
     def __call__(self, args: list) -> list:
+        if self.pad_to is not None and not self.exes.padding_off:
+            return self._call_padded(args)
         get = self.resident.get
         tensor_inputs = self._tensor_inputs
         seed = draw_seed() if self.lowered.has_rng else None
@@ -282,6 +315,44 @@ class CompiledGraph:
                     for i, o in enumerate(outs)
                 ]
             return [jax_to_tensor(o) for o in outs]
+
+    def _call_padded(self, args: list) -> list:
+        low = self.lowered
+        seed = draw_seed() if low.has_rng else None
+        originals = list(args)
+        with jax.enable_x64(True):
+            values = [
+                self.resident.get(i, a) if i in self._tensor_inputs else _python_scalar(a)
+                for i, a in enumerate(args)
+            ]
+            args.clear()
+            real = bind(low.input_metas, values)
+            padded = buckets.padded_bindings(real, self.pad_to)
+            values = [
+                buckets.pad_array(v, m, padded)
+                if isinstance(m, torch.Tensor)
+                else concrete(m, padded)
+                for v, m in zip(values, low.input_metas, strict=True)
+            ]
+            arrays = [v for i, v in enumerate(values) if i in self._tensor_inputs]
+            statics = [v for i, v in enumerate(values) if i not in self._tensor_inputs]
+            signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
+            with jax.default_device(self.device):
+                outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
+            result = [
+                buckets.slice_output(o, m, real)
+                if i in self._scalar_outputs
+                else jax_to_tensor(buckets.slice_output(o, m, real))
+                for i, (o, m) in enumerate(zip(outs, low.output_metas, strict=True))
+            ]
+        if signature not in self.exes.checked and not low.has_rng:
+            self.exes.checked.add(signature)
+            exact = list(self.gm(*originals))
+            if not buckets.results_match(result, exact):
+                self.exes.padding_off = True
+                buckets.warn_padding_changed_results(self.exes.name, signature)
+                return exact
+        return result
 
 
 def _python_scalar(v):

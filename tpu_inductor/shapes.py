@@ -59,7 +59,7 @@ def concrete(v, bindings: dict | None):
     if not isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
         return v
     expr = v.node.expr
-    value = expr.xreplace(bindings or {})
+    value = sympy.sympify(expr.xreplace(bindings or {}))
     if not value.is_number and value not in (sympy.true, sympy.false):
         raise ValueError(f"size {expr} depends on symbols not bound by the inputs: {value}")
     if isinstance(v, torch.SymInt):
