@@ -83,10 +83,11 @@ def capture_graphs(fn: Callable, args: tuple, kwargs: dict, grads: bool) -> list
 
     def recorder(kind):
         def compiler(gm, example_inputs):
-            def run(*inputs):
+            def run(inputs: list):
                 seen.append((kind, gm, [_clone(x) for x in inputs]))
                 return gm(*inputs)
 
+            run._boxed_call = True
             return run
 
         return compiler
