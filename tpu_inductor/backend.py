@@ -183,7 +183,7 @@ def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: 
     fused = split_for_fallback(
         gm,
         is_supported,
-        lambda sub: compile_graph(sub, opts, device, kind=f"{kind} island"),
+        lambda sub: compile_graph(sub, opts, device, kind=f"{kind}-island"),
         describe,
     )
 
