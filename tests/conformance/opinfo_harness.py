@@ -352,8 +352,9 @@ def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, atol, rtol, w
     x = x.to(a.dtype)
     both_nan = torch.isnan(a) & torch.isnan(x)
     diff = torch.where(both_nan | (a == x), 0.0, (a - x).abs())
-    bad = diff > atol + rtol * x.abs()
-    nan_pattern = int((torch.isnan(a) != torch.isnan(x)).sum())
+    nan_differs = torch.isnan(a) != torch.isnan(x)
+    bad = (diff > atol + rtol * x.abs()) | nan_differs
+    nan_pattern = int(nan_differs.sum())
     worst = float(diff.masked_fill(torch.isnan(diff), math.inf).max()) if diff.numel() else 0.0
     text = f"mismatch: {where} {int(bad.sum())}/{x.numel()} elements, max abs diff {worst:.3g}"
     if nan_pattern:
