@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch._decomp
 from torch._decomp import core_aten_decompositions
 
 from tpu_inductor.lowerings import LOWERINGS
@@ -18,12 +19,17 @@ from tpu_inductor.lowerings import LOWERINGS
 
 @functools.cache
 def decomposition_table() -> dict:
-    """Core ATen decompositions, minus every op we lower directly.
+    """Every decomposition torch ships, minus every op we lower directly.
 
-    An op with its own lowering (convolution, pooling windows, attention, ...) becomes one XLA
-    op instead of a chain of small ones, so its decomposition is dropped.
+    The Core ATen decompositions, plus torch's other registered ones (``torch._decomp``:
+    ``polar``, ``frexp``, ``grid_sampler_2d``, ``adaptive_max_pool2d``, ... which are not core
+    but still reach backends), so an op without a lowering is broken into ops that have one
+    before it could fall back to eager. An op with its own lowering (convolution, pooling
+    windows, attention, ...) becomes one XLA op instead of a chain of small ones, so its
+    decomposition is dropped.
     """
-    table = dict(core_aten_decompositions())
+    table = dict(torch._decomp.decomposition_table)
+    table.update(core_aten_decompositions())
     for op in list(table):
         if op in LOWERINGS:
             del table[op]
