@@ -237,19 +237,31 @@ def test_same_graph_after_dynamo_reset_reuses_the_executable():
     assert cache.STATS.traces == traces
 
 
-def test_persistent_cache_dir_option(tmp_path):
+def test_persistent_cache_dir_warm_start_in_a_new_process(tmp_path):
     import subprocess
     import sys
 
     code = (
-        "import torch\n"
-        "f = torch.compile(lambda x: torch.cos(x) + 1, backend='tpu', "
-        f"options={{'cache_dir': {str(tmp_path)!r}}})\n"
-        "print(f(torch.ones(3)).tolist())\n"
+        "import torch, tpu_inductor\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()\n"
+        "x = torch.randn(3, 8, dtype=torch.float32)\n"
+        f"f = torch.compile(m, backend='tpu', options={{'cache_dir': {str(tmp_path)!r}}})\n"
+        "with torch.no_grad():\n"
+        "    out = f(x); ref = m(x)\n"
+        "torch.testing.assert_close(out, ref)\n"
+        "print(tpu_inductor.cache.STATS.exports_loaded)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert any(tmp_path.iterdir()), "no executable was written to the persistent cache"
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(out.stdout.split()[-1])
+    assert runs == ["0", "1"], "the second process did not reuse the saved inference graph"
+    assert any((tmp_path / "tpu_inductor_exports").iterdir())
+    assert len(list(tmp_path.iterdir())) > 1, "no XLA executable in the persistent cache"
 
 
 def test_jax_sees_x64_only_inside_calls():

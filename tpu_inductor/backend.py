@@ -20,7 +20,7 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import cache, capture
+from tpu_inductor import cache, capture, export_cache
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.lower import PYTHON_OPS, check_dtypes, describe_node, lower_graph, user_frame
@@ -59,7 +59,17 @@ def tpu_backend(
         torch.Size([2, 4])
     """
     opts = parse_options(options)
-    return _aot_backend(opts)(gm, example_inputs)
+    configure_logging()
+    device = select_device(opts.device)
+    export_key = None
+    if opts.cache_dir:
+        cache.enable_persistent_cache(opts.cache_dir)
+        export_key = export_cache.key_for(gm, example_inputs, _config_key(opts, device))
+        if export_key is not None:
+            warm = export_cache.load(opts.cache_dir, export_key, device)
+            if warm is not None:
+                return warm
+    return _aot_backend(opts, device, export_key, len(example_inputs))(gm, example_inputs)
 
 
 def tpu_inductor_backend(
@@ -96,16 +106,25 @@ def _is_ours(value: str) -> bool:
     return value.startswith("tpu_inductor.")
 
 
-def _aot_backend(opts: Options):
-    configure_logging()
-    device = select_device(opts.device)
-    if opts.cache_dir:
-        cache.enable_persistent_cache(opts.cache_dir)
+def _config_key(opts: Options, device: jax.Device) -> tuple:
+    """Everything besides the graph that changes what a graph compiles to."""
+    precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    return (precision, opts.check_meta, opts.max_executables, opts.pad_to, str(device))
 
+
+def _aot_backend(opts: Options, device: jax.Device, export_key: str | None, n_inputs: int):
     def compiler(kind: str):
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             static = capture.static_input_positions() if kind != "backward" else ()
-            return compile_graph(gm, opts, device, kind=kind, static_positions=static)
+            compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
+            if (
+                kind == "inference"
+                and export_key is not None
+                and isinstance(compiled, CompiledGraph)
+                and export_cache.exportable(compiled.lowered, n_inputs)
+            ):
+                export_cache.save(opts.cache_dir, export_key, compiled.lowered, static)
+            return compiled
 
         return compile_fn
 
@@ -140,9 +159,7 @@ def compile_graph(
     platform = platform_of(device)
     check_dtypes(gm, platform)
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
-    key = cache.graph_key(
-        gm, (precision, opts.check_meta, opts.max_executables, opts.pad_to, str(device))
-    )
+    key = cache.graph_key(gm, _config_key(opts, device))
 
     def create():
         t0 = time.perf_counter()

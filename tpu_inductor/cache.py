@@ -35,6 +35,7 @@ class CacheStats:
     hits: int = 0  # of those, found already lowered and jitted
     traces: int = 0  # times a lowered graph was traced by jax.jit (one per new input signature)
     transfers: int = 0  # parameters/buffers imported to the device (not reused from residency)
+    exports_loaded: int = 0  # inference graphs reused from the warm-start cache on disk
 
     def reset(self) -> None:
         """Zero all counters."""
