@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch.fx.node import map_arg
 
 # Default tolerances per dtype for comparing one op's result with torch's.
 TOLERANCES = {
@@ -164,11 +165,7 @@ def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Div
         env[node] = value
 
     def load(a):
-        if isinstance(a, fx.Node):
-            return env[a]
-        if isinstance(a, list | tuple):
-            return type(a)(load(x) for x in a)
-        return a
+        return map_arg(a, env.__getitem__)
 
     def to_jax(v):
         if isinstance(v, torch.Tensor):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import torch
 import torch.fx as fx
 from jax import lax
+from torch.fx.node import map_arg
 
 from tpu_inductor.dtypes import TPU_UNSUPPORTED, to_jax_dtype
 from tpu_inductor.errors import (
@@ -99,11 +100,8 @@ def describe_node(node: fx.Node) -> str:
 
 
 def _meta_of(a):
-    if isinstance(a, fx.Node):
-        return a.meta.get("val")
-    if isinstance(a, list | tuple):
-        return type(a)(_meta_of(x) for x in a)
-    return a
+    """``a`` with every FX node replaced by its ``meta["val"]``."""
+    return map_arg(a, lambda n: n.meta.get("val"))
 
 
 @dataclasses.dataclass
@@ -246,11 +244,7 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
         counter = iter(range(1 << 30))
 
         def load(a):
-            if isinstance(a, fx.Node):
-                return env[a]
-            if isinstance(a, list | tuple):
-                return type(a)(load(x) for x in a)
-            return a
+            return map_arg(a, env.__getitem__)
 
         for node in nodes:
             if node.op in ("placeholder", "output"):
