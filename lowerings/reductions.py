@@ -204,6 +204,27 @@ def cumprod(ctx, self, dim, dtype=None):
     return jnp.cumprod(self.astype(_acc(out)), axis=dim).astype(out)
 
 
+# aten::histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor
+@register_lowering(aten.histc.default)
+def histc(ctx, self, bins=100, min=0, max=0):
+    # Mirrors torch's CPU kernel: the bin is int((x - lo) * bins / (hi - lo)) in the input dtype,
+    # x == hi lands in the last bin, values outside [lo, hi] (and NaN) are not counted.
+    x = self.reshape(-1)
+    if min == max and x.size:
+        lo, hi = jnp.min(x), jnp.max(x)
+    else:
+        lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    # NOTE: torch raises when the range is not finite (e.g. NaN input with min == max); a
+    # compiled graph can't raise on data, so such inputs count nothing.
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    keep = (x >= lo) & (x <= hi)
+    pos = jnp.where(keep, (x - lo) * bins / (hi - lo), 0).astype(jnp.int64)
+    pos = jnp.clip(pos, 0, bins - 1)
+    counts = jnp.zeros((bins,), x.dtype).at[pos].add(keep.astype(x.dtype))
+    return counts.astype(ctx.out_dtype())
+
+
 # aten::sort.stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False)
 @register_lowering(aten.sort.default, aten.sort.stable)
 def sort(ctx, self, *args, stable=None, dim=-1, descending=False):
