@@ -260,8 +260,16 @@ def embedding_dense_backward(
 
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None):
-    """Scaled dot-product attention (math form) returning output and float32 logsumexp."""
+    """Scaled dot-product attention (math form) returning output and float32 logsumexp.
+
+    Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
+    accept) repeats each key/value head for its group of query heads.
+    """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k = jnp.repeat(k, group, axis=-3)
+        v = jnp.repeat(v, group, axis=-3)
     s = jnp.einsum("...le,...se->...ls", _acc(q), _acc(k), precision=precision) * scale
     if is_causal:
         L, S = q.shape[-2], k.shape[-2]

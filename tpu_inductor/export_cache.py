@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tpu_inductor import cache
 from tpu_inductor.runtime import (
@@ -86,7 +87,8 @@ def save(cache_dir: str, key: str, lowered, static_positions: Sequence[int]) -> 
         jax.ShapeDtypeStruct(tuple(m.shape), to_jax_dtype(m.dtype)) for m in lowered.input_metas
     ]
     seed = jax.ShapeDtypeStruct((2,), np.uint32) if lowered.has_rng else None
-    with jax.enable_x64(True):
+    # Tracing reads the graph's constant tensors: real tensors, outside AOTAutograd's fake mode.
+    with unset_fake_temporarily(), jax.enable_x64(True):
         exported = export.export(jax.jit(lowered.fn))(seed, *structs)
         blob = exported.serialize()
     payload = {
