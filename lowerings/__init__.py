@@ -6,6 +6,8 @@ Import it as ``tpu_inductor.lowerings`` (never as a top-level ``lowerings``).
 from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its family)
     convolution,
     creation,
+    factorizations,
+    fft,
     indexing,
     linalg,
     nn,

@@ -35,11 +35,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "_upsample_bilinear2d_aa": {
         "float32": "unsupported op: aten._upsample_bilinear2d_aa.default",
     },
-    "addbmm": {
-        "float32": "unsupported op: aten.addbmm.default",
-        "bfloat16": "unsupported op: aten.addbmm.default",
-        "int64": "unsupported op: aten.addbmm.default",
-    },
     "allclose": {
         "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
@@ -78,23 +73,11 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "unsupported op: aten.cauchy.default",
         "bfloat16": "unsupported op: aten.cauchy.default",
     },
-    "cdist": {
-        "float32": "unsupported op: aten._cdist_forward.default",
-    },
     "chalf": {
         "float32": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
         "bfloat16": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
         "int64": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
         "bool": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
-    },
-    "cholesky": {
-        "float32": "unsupported op: aten.cholesky.default",
-    },
-    "cholesky_inverse": {
-        "float32": "unsupported op: aten.cholesky_inverse.default",
-    },
-    "cholesky_solve": {
-        "float32": "unsupported op: aten.cholesky_solve.default",
     },
     "combinations": {
         "float32": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
@@ -151,96 +134,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "bool": "capture: dynamo can't capture: Unsupported: Data dependent operator",
     },
-    "fft.fft": {
-        "float32": "unsupported op: aten._fft_r2c.default",
-        "int64": "unsupported op: aten._fft_r2c.default",
-        "bool": "unsupported op: aten._fft_r2c.default",
-    },
-    "fft.fft2": {
-        "float32": "unsupported op: aten._fft_c2c.default",
-        "int64": "unsupported op: aten._fft_c2c.default",
-        "bool": "unsupported op: aten._fft_c2c.default",
-    },
-    "fft.fftn": {
-        "float32": "unsupported op: aten._fft_c2c.default",
-        "int64": "unsupported op: aten._fft_c2c.default",
-        "bool": "unsupported op: aten._fft_c2c.default",
-    },
-    "fft.hfft": {
-        "float32": "unsupported op: aten._conj.default, aten._fft_c2r.default",
-        "int64": "unsupported op: aten._conj.default, aten._fft_c2r.default",
-        "bool": "unsupported op: aten._conj.default, aten._fft_c2r.default",
-    },
-    "fft.hfft2": {
-        "float32": "unsupported op: aten._conj.default, aten._fft_c2c.default, aten._fft_c2r.default",
-        "int64": "unsupported op: aten._conj.default, aten._fft_c2c.default, aten._fft_c2r.default",
-        "bool": "unsupported op: aten._conj.default, aten._fft_c2c.default, aten._fft_c2r.default",
-    },
-    "fft.hfftn": {
-        "float32": "unsupported op: aten._conj.default, aten._fft_c2c.default, aten._fft_c2r.default",
-        "int64": "unsupported op: aten._conj.default, aten._fft_c2c.default, aten._fft_c2r.default",
-        "bool": "unsupported op: aten._conj.default, aten._fft_c2c.default, aten._fft_c2r.default",
-    },
-    "fft.ifft": {
-        "float32": "unsupported op: aten._conj.default, aten._fft_r2c.default",
-        "int64": "unsupported op: aten._conj.default, aten._fft_r2c.default",
-        "bool": "unsupported op: aten._conj.default, aten._fft_r2c.default",
-    },
-    "fft.ifft2": {
-        "float32": "unsupported op: aten._fft_c2c.default",
-        "int64": "unsupported op: aten._fft_c2c.default",
-        "bool": "unsupported op: aten._fft_c2c.default",
-    },
-    "fft.ifftn": {
-        "float32": "unsupported op: aten._fft_c2c.default",
-        "int64": "unsupported op: aten._fft_c2c.default",
-        "bool": "unsupported op: aten._fft_c2c.default",
-    },
-    "fft.ihfft": {
-        "float32": "unsupported op: aten._conj.default, aten._fft_r2c.default",
-        "int64": "unsupported op: aten._conj.default, aten._fft_r2c.default",
-        "bool": "unsupported op: aten._conj.default, aten._fft_r2c.default",
-    },
-    "fft.ihfft2": {
-        "float32": "unsupported op: aten._conj_physical.default, aten._fft_c2c.default, aten._fft_r2c.default",
-        "int64": "unsupported op: aten._conj_physical.default, aten._fft_c2c.default, aten._fft_r2c.default",
-        "bool": "unsupported op: aten._conj_physical.default, aten._fft_c2c.default, aten._fft_r2c.default",
-    },
-    "fft.ihfftn": {
-        "float32": "unsupported op: aten._conj_physical.default, aten._fft_c2c.default, aten._fft_r2c.default",
-        "int64": "unsupported op: aten._conj_physical.default, aten._fft_c2c.default, aten._fft_r2c.default",
-        "bool": "unsupported op: aten._conj_physical.default, aten._fft_c2c.default, aten._fft_r2c.default",
-    },
-    "fft.irfft": {
-        "float32": "unsupported op: aten._fft_c2r.default",
-        "int64": "unsupported op: aten._fft_c2r.default",
-        "bool": "unsupported op: aten._fft_c2r.default",
-    },
-    "fft.irfft2": {
-        "float32": "unsupported op: aten._fft_c2r.default",
-        "int64": "unsupported op: aten._fft_c2r.default",
-        "bool": "unsupported op: aten._fft_c2r.default",
-    },
-    "fft.irfftn": {
-        "float32": "unsupported op: aten._fft_c2r.default",
-        "int64": "unsupported op: aten._fft_c2r.default",
-        "bool": "unsupported op: aten._fft_c2r.default",
-    },
-    "fft.rfft": {
-        "float32": "unsupported op: aten._fft_r2c.default",
-        "int64": "unsupported op: aten._fft_r2c.default",
-        "bool": "unsupported op: aten._fft_r2c.default",
-    },
-    "fft.rfft2": {
-        "float32": "unsupported op: aten._fft_r2c.default",
-        "int64": "unsupported op: aten._fft_r2c.default",
-        "bool": "unsupported op: aten._fft_r2c.default",
-    },
-    "fft.rfftn": {
-        "float32": "unsupported op: aten._fft_r2c.default",
-        "int64": "unsupported op: aten._fft_r2c.default",
-        "bool": "unsupported op: aten._fft_r2c.default",
-    },
     "frexp": {
         "float32": "unsupported op: aten.frexp.Tensor",
         "bfloat16": "unsupported op: aten.frexp.Tensor",
@@ -252,9 +145,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "unsupported op: aten.geometric.default",
         "bfloat16": "unsupported op: aten.geometric.default",
         "int64": "unsupported op: aten.geometric.default",
-    },
-    "geqrf": {
-        "float32": "unsupported op: aten.geqrf.default",
     },
     "grid_sampler_2d": {
         "float32": "unsupported op: aten.grid_sampler_2d.default",
@@ -341,46 +231,16 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bool": "unsupported op: aten.ldexp.Tensor",
     },
     "linalg.cholesky": {
-        "float32": "unsupported op: aten.linalg_cholesky_ex.default, with_effects",
-    },
-    "linalg.cholesky_ex": {
-        "float32": "unsupported op: aten.linalg_cholesky_ex.default",
-    },
-    "linalg.cond": {
-        "float32": "unsupported op: aten._linalg_svd.default",
-    },
-    "linalg.det": {
-        "float32": "unsupported op: aten._linalg_det.default",
-    },
-    "linalg.eig": {
-        "float32": "unsupported op: aten.linalg_eig.default",
+        "float32": "unsupported op: with_effects",
     },
     "linalg.eigh": {
-        "float32": "unsupported op: aten._linalg_eigh.default",
-    },
-    "linalg.eigvals": {
-        "float32": "unsupported op: aten.linalg_eig.default",
-    },
-    "linalg.eigvalsh": {
-        "float32": "unsupported op: aten._linalg_eigh.default",
-    },
-    "linalg.householder_product": {
-        "float32": "unsupported op: aten.linalg_householder_product.default",
+        "float32": "mismatch: output[1] 10/25 elements, max abs diff 1.52",
     },
     "linalg.inv": {
-        "float32": "unsupported op: aten.linalg_inv_ex.default, with_effects",
-    },
-    "linalg.inv_ex": {
-        "float32": "unsupported op: aten.linalg_inv_ex.default",
+        "float32": "unsupported op: with_effects",
     },
     "linalg.ldl_factor": {
-        "float32": "unsupported op: aten.linalg_ldl_factor_ex.default, with_effects",
-    },
-    "linalg.ldl_factor_ex": {
-        "float32": "unsupported op: aten.linalg_ldl_factor_ex.default",
-    },
-    "linalg.ldl_solve": {
-        "float32": "unsupported op: aten.linalg_ldl_solve.default",
+        "float32": "unsupported op: with_effects",
     },
     "linalg.lstsq": {
         "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
@@ -388,59 +248,17 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "linalg.lstsq.grad_oriented": {
         "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
     },
-    "linalg.lu": {
-        "float32": "unsupported op: aten.linalg_lu.default",
-    },
     "linalg.lu_factor": {
-        "float32": "unsupported op: aten.linalg_lu_factor_ex.default, with_effects",
-    },
-    "linalg.lu_factor_ex": {
-        "float32": "unsupported op: aten.linalg_lu_factor_ex.default",
-    },
-    "linalg.lu_solve": {
-        "float32": "unsupported op: aten.linalg_lu_solve.default",
-    },
-    "linalg.matrix_rank": {
-        "float32": "unsupported op: aten._linalg_svd.default",
-    },
-    "linalg.matrix_rank.hermitian": {
-        "float32": "unsupported op: aten._linalg_eigh.default",
-    },
-    "linalg.pinv": {
-        "float32": "unsupported op: aten.linalg_pinv.atol_rtol_tensor",
-    },
-    "linalg.pinv.hermitian": {
-        "float32": "unsupported op: aten.linalg_pinv.atol_rtol_tensor",
-    },
-    "linalg.pinv.singular": {
-        "float32": "unsupported op: aten.linalg_pinv.atol_rtol_tensor",
-    },
-    "linalg.qr": {
-        "float32": "unsupported op: aten.linalg_qr.default",
-    },
-    "linalg.slogdet": {
-        "float32": "unsupported op: aten._linalg_slogdet.default",
+        "float32": "unsupported op: with_effects",
     },
     "linalg.solve": {
-        "float32": "unsupported op: aten._linalg_solve_ex.default, with_effects",
-    },
-    "linalg.solve_ex": {
-        "float32": "unsupported op: aten._linalg_solve_ex.default",
-    },
-    "linalg.solve_triangular": {
-        "float32": "unsupported op: aten.linalg_solve_triangular.default",
-    },
-    "linalg.svd": {
-        "float32": "unsupported op: aten._linalg_svd.default",
-    },
-    "linalg.svdvals": {
-        "float32": "unsupported op: aten._linalg_svd.default",
+        "float32": "unsupported op: with_effects",
     },
     "linalg.tensorinv": {
-        "float32": "unsupported op: aten.linalg_inv_ex.default, with_effects",
+        "float32": "unsupported op: with_effects",
     },
     "linalg.tensorsolve": {
-        "float32": "unsupported op: aten._linalg_solve_ex.default, with_effects",
+        "float32": "unsupported op: with_effects",
     },
     "log_normal": {
         "float32": "unsupported op: aten.log_normal.default",
@@ -449,18 +267,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "logcumsumexp": {
         "float32": "unsupported op: aten.logcumsumexp.default",
         "bfloat16": "unsupported op: aten.logcumsumexp.default",
-    },
-    "logdet": {
-        "float32": "unsupported op: aten._linalg_slogdet.default",
-    },
-    "lu": {
-        "float32": "unsupported op: aten.linalg_lu_factor_ex.default",
-    },
-    "lu_solve": {
-        "float32": "unsupported op: aten.linalg_lu_solve.default",
-    },
-    "lu_unpack": {
-        "float32": "unsupported op: aten.lu_unpack.default",
     },
     "masked.median": {
         "float32": "unsupported op: aten.nanmedian.dim",
@@ -479,8 +285,7 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bool": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
     },
     "matrix_exp": {
-        "float32": "unsupported op: aten.linalg_matrix_exp.default",
-        "bfloat16": "unsupported op: aten.linalg_matrix_exp.default",
+        "bfloat16": "mismatch: output 25/25 elements, max abs diff inf, 25 NaN(s) differ",
     },
     "median": {
         "float32": "unsupported op: aten.median.default",
@@ -578,9 +383,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "nn.functional.one_hot": {
         "int64": "capture: dynamo can't capture: UserError: Could not extract specialized integer from data-dependent expression u0 (unhinted: u0). (Size-like symbols: none)",
     },
-    "nn.functional.pdist": {
-        "float32": "unsupported op: aten._pdist_forward.default",
-    },
     "nn.functional.rrelu": {
         "float32": "unsupported op: aten.rrelu_with_noise_functional.default",
         "bfloat16": "unsupported op: aten.rrelu_with_noise_functional.default",
@@ -597,9 +399,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "unsupported op: aten.nonzero_static.default",
         "bool": "unsupported op: aten.nonzero_static.default",
     },
-    "norm.nuc": {
-        "float32": "unsupported op: aten._linalg_svd.default",
-    },
     "normal": {
         "float32": "unsupported op: aten.normal.Tensor_Tensor",
         "bfloat16": "unsupported op: aten.normal.Tensor_Tensor",
@@ -608,20 +407,11 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "unsupported op: aten.normal.float_float",
         "bfloat16": "unsupported op: aten.normal.float_float",
     },
-    "ormqr": {
-        "float32": "unsupported op: aten.ormqr.default",
-    },
-    "pca_lowrank": {
-        "float32": "unsupported op: aten._linalg_svd.default, aten.linalg_qr.default",
-    },
     "permute_copy": {
         "float32": "unsupported op: aten.permute_copy.default",
         "bfloat16": "unsupported op: aten.permute_copy.default",
         "int64": "unsupported op: aten.permute_copy.default",
         "bool": "unsupported op: aten.permute_copy.default",
-    },
-    "pinverse": {
-        "float32": "unsupported op: aten.linalg_pinv.atol_rtol_tensor",
     },
     "polar": {
         "float32": "unsupported op: aten.polar.default",
@@ -661,9 +451,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bfloat16": "unsupported op: aten.put.default",
         "int64": "unsupported op: aten.put.default",
         "bool": "unsupported op: aten.put.default",
-    },
-    "qr": {
-        "float32": "unsupported op: aten.linalg_qr.default",
     },
     "renorm": {
         "bfloat16": "unsupported op: prims.convert_element_type.default",
@@ -860,15 +647,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "unsupported op: aten.special_zeta.default",
         "bool": "unsupported op: aten.special_zeta.default",
     },
-    "stft": {
-        "float32": "unsupported op: aten._fft_r2c.default",
-    },
-    "svd": {
-        "float32": "unsupported op: aten._linalg_svd.default",
-    },
-    "svd_lowrank": {
-        "float32": "unsupported op: aten._linalg_svd.default, aten.linalg_qr.default",
-    },
     "tensor_split": {
         "float32": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
         "bfloat16": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
@@ -883,9 +661,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     },
     "topk": {
         "int64": "mismatch: output[1] 16/150 elements, max abs diff 4",
-    },
-    "triangular_solve": {
-        "float32": "unsupported op: aten.triangular_solve.default",
     },
     "tril_indices": {
         "int64": "unsupported op: aten.tril_indices.default",

@@ -32,12 +32,8 @@ aten = torch.ops.aten
 # Core ATen overloads with no lowering, decomposition or UNSUPPORTED row yet. Delete a row when
 # the overload gets covered (the test fails until you do).
 KNOWN_MISSING: dict[str, str] = {
-    "aten._cdist_forward.default": "torch.cdist; lower as a pairwise distance",
     "aten._embedding_bag.default": "nn.EmbeddingBag; lower with gather + segment sums",
-    "aten._fft_c2r.default": "torch.fft.irfft*; lower to jnp.fft",
-    "aten._fft_r2c.default": "torch.fft.rfft*; lower to jnp.fft",
     "aten._native_batch_norm_legit.default": "batch norm without running stats",
-    "aten._pdist_forward.default": "torch.pdist",
     "aten.grid_sampler_2d.default": "F.grid_sample",
     "aten.masked_scatter.default": "Tensor.masked_scatter_; lowerable with a cumsum gather",
     "aten.randperm.default": "torch.randperm; jax.random.permutation with a torch-derived key",
