@@ -23,8 +23,13 @@ import torch.fx as fx
 from tpu_inductor import cache, capture, export_cache
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
-from tpu_inductor.lower import PYTHON_OPS, check_dtypes, describe_node, lower_graph, user_frame
-from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor.lower import (
+    check_dtypes,
+    describe_node,
+    is_lowerable,
+    lower_graph,
+    user_frame,
+)
 from tpu_inductor.partition import split_for_fallback
 from tpu_inductor.runtime import (
     CompiledGraph,
@@ -152,7 +157,7 @@ def compile_graph(
         A boxed callable taking and returning torch tensors.
     """
     if opts.fallback == "eager" and any(
-        n.op == "call_function" and not is_supported(n) for n in gm.graph.nodes
+        n.op == "call_function" and not is_lowerable(n) for n in gm.graph.nodes
     ):
         return _with_fallback(gm, opts, device, kind)
     start = time.perf_counter()
@@ -187,19 +192,14 @@ def compile_graph(
     return compiled
 
 
-def is_supported(node: fx.Node) -> bool:
-    """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run)."""
-    return node.target in LOWERINGS or node.target in PYTHON_OPS
-
-
 def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: str):
     describe = lambda n: f"{describe_node(n)}\n      at {user_frame(n)}"  # noqa: E731
     cache.FALLBACK_OPS.extend(
-        describe(n) for n in gm.graph.nodes if n.op == "call_function" and not is_supported(n)
+        describe(n) for n in gm.graph.nodes if n.op == "call_function" and not is_lowerable(n)
     )
     fused = split_for_fallback(
         gm,
-        is_supported,
+        is_lowerable,
         lambda sub: compile_graph(sub, opts, device, kind=f"{kind}-island"),
         describe,
     )

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import math
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,29 @@ class LoweredGraph:
     ops: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
+# with_effects(token, op, *args) wraps ops with side effects (e.g. linalg's error checks).
+WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
+
+
+def is_lowerable(node: fx.Node) -> bool:
+    """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run)."""
+    target = node.args[1] if node.target is WITH_EFFECTS else node.target
+    return target in LOWERINGS or target in PYTHON_OPS
+
+
+def _effect_free_view(node: fx.Node) -> Any:
+    """What the wrapped op's lowering sees of a with_effects node: its own target, arguments
+    and output spec, without the effect token."""
+    val = node.meta.get("val")
+    return types.SimpleNamespace(
+        target=node.args[1],
+        args=node.args[2:],
+        kwargs=node.kwargs,
+        name=node.name,
+        meta={**node.meta, "val": val[1] if isinstance(val, tuple | list) else None},
+    )
+
+
 def check_supported(gm: fx.GraphModule) -> None:
     """Raise one :class:`UnsupportedOpError` listing every node without a lowering.
 
@@ -140,7 +164,7 @@ def check_supported(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target in LOWERINGS or node.target in PYTHON_OPS:
+        if is_lowerable(node):
             continue
         line = f"{describe_node(node)}\n      at {user_frame(node)}"
         reason = UNSUPPORTED.get(node.target)
@@ -230,6 +254,12 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
         for n in nodes
         if n.op == "call_function" and n.target in LOWERINGS
     }
+    for n in nodes:
+        if n.op == "call_function" and n.target is WITH_EFFECTS:
+            view = _effect_free_view(n)
+            contexts[n] = LoweringContext(
+                view, jax_precision, tuple(_meta_of(a) for a in view.args)
+            )
 
     def fn(seed, *inputs):
         env: dict[fx.Node, Any] = {}
@@ -260,7 +290,10 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
             if has_rng:
                 ctx.make_key = lambda: jax.random.fold_in(base_key, next(counter))
             try:
-                value = LOWERINGS[node.target](ctx, args, kwargs)
+                if node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
+                    value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
+                else:
+                    value = LOWERINGS[node.target](ctx, args, kwargs)
             except (UnsupportedOpError, UnsupportedDtypeError, ShapeMismatchError):
                 raise
             except Exception as e:
