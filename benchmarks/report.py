@@ -56,6 +56,8 @@ def _ratio(a: Any, b: Any) -> float | None:
 
 
 def _err(entry: Any) -> str | None:
+    if isinstance(entry, dict) and "skipped" in entry:
+        return f"skipped ({entry['skipped']})"
     if isinstance(entry, dict) and "error" in entry:
         return entry["error"].splitlines()[-1][:60] if entry["error"] else "error"
     return None
@@ -220,10 +222,13 @@ def tables(results: dict[str, Any]) -> str:
     comp = results.get("compile", {})
     if comp:
         out.append(
-            'Compile time of `backend="tpu"`: time to the first result (Dynamo included), '
-            "cold (empty persistent cache) and warm (the same `cache_dir`, a new process).\n"
+            'Compile time of `backend="tpu"`: from `torch.compile` to the first result '
+            "(Dynamo, AOTAutograd, lowering, XLA), cold (empty persistent cache) and warm (the "
+            "same `cache_dir`, a new process); imports (torch._dynamo, JAX, tpu-inductor) are "
+            "timed apart, and the last column is the warm process's whole time to its first "
+            "result.\n"
         )
-        head = ["graph", "cold s", "warm s", "cold/warm", "warm incl. imports s"]
+        head = ["graph", "cold s", "warm s", "cold/warm", "imports s", "warm from start s"]
         out.append(_row(head))
         out.append(_row(["---"] * len(head)))
         for item, by in comp.items():
@@ -235,6 +240,7 @@ def tables(results: dict[str, Any]) -> str:
                         _err(cold) or _num(cold.get("first_result_s"), "{:.2f}"),
                         _err(warm) or _num(warm.get("first_result_s"), "{:.2f}"),
                         _num(results["derived"]["compile"][item].get("cold/warm"), "{:.1f}x"),
+                        _num(warm.get("import_s"), "{:.2f}"),
                         _num(warm.get("since_start_s"), "{:.2f}"),
                     ]
                 )
@@ -294,6 +300,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return False
     derive(results)
@@ -324,6 +331,8 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     ax.set_yticks([j + 0.2 for j in range(len(keys))], keys)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("time ratio (below 1: ours faster)")
     ax.set_title("Models: step time, ours / theirs")
     ax.legend(fontsize=8)
