@@ -14,6 +14,8 @@ from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its f
     pointwise,
     random,
     reductions,
+    sorting,
+    special,
     views,
 )
 from tpu_inductor.lowerings.registry import LOWERINGS, LoweringContext, register_lowering

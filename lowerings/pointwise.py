@@ -54,7 +54,6 @@ UNARY_FLOAT = {
     aten.erfc.default: special.erfc,
     aten.erfinv.default: special.erfinv,
     aten.lgamma.default: special.gammaln,
-    aten.digamma.default: special.digamma,
     aten.reciprocal.default: jnp.reciprocal,
     aten.i0.default: special.i0,
     aten.special_i0e.default: special.i0e,
@@ -69,12 +68,12 @@ UNARY_FLOAT = {
 for _op, _f in UNARY_FLOAT.items():
     register_lowering(_op, promote=P.INT_TO_FLOAT)(_unary(_f))
 
-# --- unary ops that keep the input dtype -----------------------------------------------------------
+# --- unary ops that keep the input dtype ---------------------------------------------------------
 UNARY_SAME = {
     aten.neg.default: jnp.negative,
     aten.abs.default: jnp.abs,
     aten.relu.default: lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
-    aten.sign.default: jnp.sign,
+    aten.sign.default: lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x),
     aten.floor.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.floor(x),
     aten.ceil.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.ceil(x),
     aten.trunc.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.trunc(x),
@@ -110,7 +109,6 @@ BINARY_DEFAULT = {
     aten.bitwise_and: lambda a, b: a & b,
     aten.bitwise_or: lambda a, b: a | b,
     aten.bitwise_xor: lambda a, b: a ^ b,
-    aten.copysign: jnp.copysign,
     aten.nextafter: jnp.nextafter,
     # NOTE: torch's remainder takes the divisor's sign (Python %); fmod the dividend's (C).
     aten.remainder: jnp.remainder,
@@ -119,6 +117,7 @@ BINARY_DEFAULT = {
 BINARY_FLOAT = {
     aten.atan2: jnp.arctan2,
     aten.hypot: jnp.hypot,
+    aten.copysign: jnp.copysign,
     aten.logaddexp: jnp.logaddexp,
     aten.logaddexp2: jnp.logaddexp2,
     aten.xlogy: special.xlogy,
@@ -307,9 +306,11 @@ def silu(ctx, self):
     return self * jax.nn.sigmoid(self)
 
 
-@register_lowering(aten.hardtanh.default, promote=P.DEFAULT)
+@register_lowering(aten.hardtanh.default, promote=P.DEFAULT, promote_args=(0,))
 def hardtanh(ctx, self, min_val=-1.0, max_val=1.0):
-    return jnp.clip(self, min_val, max_val)
+    # Integer inputs clamp to the bounds converted to the input dtype (truncated), like torch.
+    lo, hi = jnp.asarray(min_val).astype(self.dtype), jnp.asarray(max_val).astype(self.dtype)
+    return jnp.minimum(jnp.maximum(self, lo), hi)
 
 
 @register_lowering(aten.leaky_relu.default, promote=P.DEFAULT)
@@ -436,7 +437,50 @@ def nan_to_num(ctx, self, nan=None, posinf=None, neginf=None):
 
 @register_lowering(aten.sgn.default)
 def sgn(ctx, self):
-    return jnp.sign(self)
+    return self if self.dtype == jnp.bool_ else jnp.sign(self)
+
+
+# aten::round.decimals(Tensor self, *, int decimals) -> Tensor
+@register_lowering(aten.round.decimals, promote=P.DEFAULT)
+def round_decimals(ctx, self, decimals):
+    # torch's kernel: scale by 10**|decimals| in the computation dtype, round half to even, undo.
+    scale = jnp.asarray(10.0 ** abs(decimals), self.dtype)
+    if decimals < 0:
+        return jnp.round(self / scale) * scale
+    return jnp.round(self * scale) / scale
+
+
+# aten::frexp.Tensor(Tensor self) -> (Tensor mantissa, Tensor exponent)
+@register_lowering(aten.frexp.Tensor)
+def frexp(ctx, self):
+    # Half types go through float32, which holds their subnormals as normal numbers.
+    # NOTE: float32 subnormal inputs are flushed to zero on XLA (mantissa 0, exponent 0).
+    x = self.astype(jnp.float32) if self.dtype in (jnp.float16, jnp.bfloat16) else self
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa.astype(ctx.out_dtype(0)), exponent.astype(ctx.out_dtype(1))
+
+
+# aten::angle(Tensor self) -> Tensor
+@register_lowering(aten.angle.default, promote=P.INT_TO_FLOAT)
+def angle(ctx, self):
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        return jnp.angle(self)
+    # Real inputs: pi for negative numbers, 0 otherwise (also for -0.0), NaN stays NaN.
+    out = jnp.where(self < 0, jnp.asarray(np.pi, self.dtype), jnp.zeros_like(self))
+    return jnp.where(jnp.isnan(self), self, out)
+
+
+# aten::complex(Tensor real, Tensor imag) -> Tensor
+@register_lowering(aten.complex.default)
+def complex_(ctx, real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag)).astype(ctx.out_dtype())
+
+
+# aten::polar(Tensor abs, Tensor angle) -> Tensor
+@register_lowering(aten.polar.default)
+def polar(ctx, abs, angle):
+    abs, angle = jnp.broadcast_arrays(abs, angle)
+    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle)).astype(ctx.out_dtype())
 
 
 @register_lowering(aten.addcmul.default, promote=P.DEFAULT, promote_args=(0, 1, 2))

@@ -21,14 +21,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "_native_batch_norm_legit": {
         "bfloat16": "meta mismatch: aten._native_batch_norm_legit_functional.default(bfloat16[5, 5, 5], bfloat16[5], bfloat16[5], bfloat16[5], bfloat16[5], True, 0.5, 0.6) produced float32[5], torch says bfloat16[5]",
     },
-    "_segment_reduce.lengths": {
-        "float32": "unsupported op: aten.segment_reduce.default",
-        "bfloat16": "unsupported op: aten.segment_reduce.default",
-    },
-    "_segment_reduce.offsets": {
-        "float32": "unsupported op: aten.segment_reduce.default",
-        "bfloat16": "unsupported op: aten.segment_reduce.default",
-    },
     "_unsafe_masked_index_put_accumulate": {
         "bool": "lowering failed: aten._unsafe_index_put.default(bool[5, 5], [int64[10, 1], int64[1, 10]], bool[10, 10], True) failed: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at pos...",
     },
@@ -38,12 +30,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "allclose": {
         "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-    },
-    "angle": {
-        "float32": "unsupported op: aten.angle.default",
-        "bfloat16": "unsupported op: aten.angle.default",
-        "int64": "unsupported op: aten.angle.default",
-        "bool": "unsupported op: aten.angle.default",
     },
     "argsort": {
         "bfloat16": "mismatch: output 7113/8000 elements, max abs diff 7.97e+03",
@@ -64,11 +50,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "bincount": {
         "int64": "unsupported op: aten._assert_scalar.default, aten.bincount.default",
     },
-    "bucketize": {
-        "float32": "unsupported op: aten.bucketize.Tensor",
-        "bfloat16": "unsupported op: aten.bucketize.Tensor",
-        "int64": "unsupported op: aten.bucketize.Tensor",
-    },
     "cauchy": {
         "float32": "unsupported op: aten.cauchy.default",
         "bfloat16": "unsupported op: aten.cauchy.default",
@@ -85,13 +66,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
         "bool": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
     },
-    "complex": {
-        "float32": "unsupported op: aten.complex.default",
-    },
-    "copysign": {
-        "int64": "meta mismatch: aten.copysign.Tensor(int64[], int64[]) produced int64[], torch says float32[]",
-        "bool": "meta mismatch: aten.copysign.Tensor(bool[], bool[]) produced bool[], torch says float32[]",
-    },
     "corrcoef": {
         "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
@@ -102,41 +76,17 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "int64": "capture: dynamo can't capture: Unsupported: Data dependent operator",
     },
-    "cummax": {
-        "float32": "unsupported op: aten.cummax.default",
-        "bfloat16": "unsupported op: aten.cummax.default",
-        "int64": "unsupported op: aten.cummax.default",
-        "bool": "unsupported op: aten.cummax.default",
-    },
-    "cummin": {
-        "float32": "unsupported op: aten.cummin.default",
-        "bfloat16": "unsupported op: aten.cummin.default",
-        "int64": "unsupported op: aten.cummin.default",
-        "bool": "unsupported op: aten.cummin.default",
-    },
     "diagonal_scatter": {
         "float32": "unsupported op: aten.diagonal_scatter.default",
         "bfloat16": "unsupported op: aten.diagonal_scatter.default",
         "int64": "unsupported op: aten.diagonal_scatter.default",
         "bool": "unsupported op: aten.diagonal_scatter.default",
     },
-    "digamma": {
-        "int64": "mismatch: output 3/20 elements, max abs diff inf, 3 NaN(s) differ",
-        "bool": "mismatch: output 11/20 elements, max abs diff inf, 11 NaN(s) differ",
-    },
-    "dist": {
-        "float32": "unsupported op: aten.dist.default",
-        "bfloat16": "unsupported op: aten.dist.default",
-    },
     "equal": {
         "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "int64": "capture: dynamo can't capture: Unsupported: Data dependent operator",
         "bool": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-    },
-    "frexp": {
-        "float32": "unsupported op: aten.frexp.Tensor",
-        "bfloat16": "unsupported op: aten.frexp.Tensor",
     },
     "gcd": {
         "int64": "unsupported op: aten.gcd.default",
@@ -153,18 +103,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "grid_sampler_3d": {
         "float32": "unsupported op: aten.grid_sampler_3d.default",
         "bfloat16": "unsupported op: aten.grid_sampler_3d.default",
-    },
-    "hash_tensor": {
-        "float32": "unsupported op: aten.hash_tensor.default",
-        "bfloat16": "unsupported op: aten.hash_tensor.default",
-        "int64": "unsupported op: aten.hash_tensor.default",
-        "bool": "unsupported op: aten.hash_tensor.default",
-    },
-    "histogram": {
-        "float32": "unsupported op: aten.histogram.bin_ct",
-    },
-    "histogramdd": {
-        "float32": "unsupported op: aten._histogramdd_bin_edges.default, aten._histogramdd_from_bin_cts.default",
     },
     "index_add": {
         "float32": "lowering failed: aten.index_add.default(float32[], 0, int64[1], float32[], alpha=-1) failed: ValueError: axis 0 is out of bounds for array of dimension 0",
@@ -217,18 +155,10 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bool": "unsupported op: sym_ite, aten._assert_scalar.default, aten._local_scalar_dense.default",
     },
     "kthvalue": {
-        "float32": "unsupported op: aten.kthvalue.default",
-        "bfloat16": "unsupported op: aten.kthvalue.default",
-        "int64": "unsupported op: aten.kthvalue.default",
+        "int64": "mismatch: output[1] 6/25 elements, max abs diff 3",
     },
     "lcm": {
         "int64": "unsupported op: aten.lcm.default",
-    },
-    "ldexp": {
-        "float32": "unsupported op: aten.ldexp.Tensor",
-        "bfloat16": "unsupported op: aten.ldexp.Tensor",
-        "int64": "unsupported op: aten.ldexp.Tensor",
-        "bool": "unsupported op: aten.ldexp.Tensor",
     },
     "linalg.cholesky": {
         "float32": "unsupported op: with_effects",
@@ -264,14 +194,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "unsupported op: aten.log_normal.default",
         "bfloat16": "unsupported op: aten.log_normal.default",
     },
-    "logcumsumexp": {
-        "float32": "unsupported op: aten.logcumsumexp.default",
-        "bfloat16": "unsupported op: aten.logcumsumexp.default",
-    },
-    "masked.median": {
-        "float32": "unsupported op: aten.nanmedian.dim",
-        "bfloat16": "unsupported op: aten.nanmedian.dim",
-    },
     "masked_scatter": {
         "float32": "unsupported op: aten.masked_scatter.default",
         "bfloat16": "unsupported op: aten.masked_scatter.default",
@@ -287,25 +209,9 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "matrix_exp": {
         "bfloat16": "mismatch: output 25/25 elements, max abs diff inf, 25 NaN(s) differ",
     },
-    "median": {
-        "float32": "unsupported op: aten.median.default",
-        "bfloat16": "unsupported op: aten.median.default",
-        "int64": "unsupported op: aten.median.default",
-    },
-    "mode": {
-        "float32": "unsupported op: aten.mode.default",
-        "bfloat16": "unsupported op: aten.mode.default",
-        "int64": "unsupported op: aten.mode.default",
-        "bool": "unsupported op: aten.mode.default",
-    },
     "multinomial": {
         "float32": "unsupported op: aten.multinomial.default",
         "bfloat16": "unsupported op: aten.multinomial.default",
-    },
-    "nanmedian": {
-        "float32": "unsupported op: aten.nanmedian.default",
-        "bfloat16": "unsupported op: aten.nanmedian.default",
-        "int64": "unsupported op: aten.nanmedian.default",
     },
     "narrow_copy": {
         "float32": "unsupported op: aten.narrow_copy.default",
@@ -366,9 +272,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "unsupported op: aten.grid_sampler_2d.default",
         "bfloat16": "unsupported op: aten.grid_sampler_2d.default",
     },
-    "nn.functional.hardtanh": {
-        "int64": "meta mismatch: aten.hardtanh.default(int64[5, 5], -0.5, 0.5) produced float32[5, 5], torch says int64[5, 5]",
-    },
     "nn.functional.instance_norm": {
         "bfloat16": "meta mismatch: aten._native_batch_norm_legit_functional.default(bfloat16[1, 25, 5], bfloat16[25], bfloat16[25], bfloat16[25], bfloat16[25], True, 0.5, 0.6) produced float32[25], torch says bfloat16...",
     },
@@ -413,39 +316,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "unsupported op: aten.permute_copy.default",
         "bool": "unsupported op: aten.permute_copy.default",
     },
-    "polar": {
-        "float32": "unsupported op: aten.polar.default",
-    },
-    "polygamma.polygamma_n_0": {
-        "float32": "unsupported op: aten.polygamma.default",
-        "bfloat16": "unsupported op: aten.polygamma.default",
-        "int64": "unsupported op: aten.polygamma.default",
-        "bool": "unsupported op: aten.polygamma.default",
-    },
-    "polygamma.polygamma_n_1": {
-        "float32": "unsupported op: aten.polygamma.default",
-        "bfloat16": "unsupported op: aten.polygamma.default",
-        "int64": "unsupported op: aten.polygamma.default",
-        "bool": "unsupported op: aten.polygamma.default",
-    },
-    "polygamma.polygamma_n_2": {
-        "float32": "unsupported op: aten.polygamma.default",
-        "bfloat16": "unsupported op: aten.polygamma.default",
-        "int64": "unsupported op: aten.polygamma.default",
-        "bool": "unsupported op: aten.polygamma.default",
-    },
-    "polygamma.polygamma_n_3": {
-        "float32": "unsupported op: aten.polygamma.default",
-        "bfloat16": "unsupported op: aten.polygamma.default",
-        "int64": "unsupported op: aten.polygamma.default",
-        "bool": "unsupported op: aten.polygamma.default",
-    },
-    "polygamma.polygamma_n_4": {
-        "float32": "unsupported op: aten.polygamma.default",
-        "bfloat16": "unsupported op: aten.polygamma.default",
-        "int64": "unsupported op: aten.polygamma.default",
-        "bool": "unsupported op: aten.polygamma.default",
-    },
     "put": {
         "float32": "unsupported op: aten.put.default",
         "bfloat16": "unsupported op: aten.put.default",
@@ -467,18 +337,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "capture: dynamo can't capture: Unsupported: Attempted to call function marked as skipped",
         "bool": "capture: dynamo can't capture: Unsupported: Attempted to call function marked as skipped",
     },
-    "round.decimals_0": {
-        "float32": "unsupported op: aten.round.decimals",
-        "bfloat16": "unsupported op: aten.round.decimals",
-    },
-    "round.decimals_3": {
-        "float32": "unsupported op: aten.round.decimals",
-        "bfloat16": "unsupported op: aten.round.decimals",
-    },
-    "round.decimals_neg_3": {
-        "float32": "unsupported op: aten.round.decimals",
-        "bfloat16": "unsupported op: aten.round.decimals",
-    },
     "scatter_add": {
         "bool": "lowering failed: aten.scatter_add.default(bool[10, 5], 0, int64[5, 5], bool[5, 5]) failed: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of int...",
     },
@@ -494,17 +352,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "scatter_reduce.sum": {
         "bool": "lowering failed: aten.scatter_reduce.two(bool[10, 5], 0, int64[5, 5], bool[5, 5], 'sum', include_self=False) failed: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at posi...",
     },
-    "searchsorted": {
-        "float32": "unsupported op: aten.searchsorted.Tensor",
-        "bfloat16": "unsupported op: aten.searchsorted.Tensor",
-        "int64": "unsupported op: aten.searchsorted.Tensor",
-    },
-    "sgn": {
-        "bool": "lowering failed: aten.sgn.default(bool[20, 20]) failed: TypeError: sign does not accept dtype bool. Accepted dtypes are subtypes of integer, floating, complexfloating.",
-    },
-    "sign": {
-        "bool": "lowering failed: aten.sign.default(bool[20, 20]) failed: TypeError: sign does not accept dtype bool. Accepted dtypes are subtypes of integer, floating, complexfloating.",
-    },
     "sort": {
         "bfloat16": "mismatch: output[1] 7113/8000 elements, max abs diff 7.97e+03",
         "bool": "mismatch: output[1] 7999/8000 elements, max abs diff 7.98e+03",
@@ -515,137 +362,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     },
     "sparse.sampled_addmm": {
         "float32": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor",
-    },
-    "special.airy_ai": {
-        "float32": "unsupported op: aten.special_airy_ai.default",
-        "int64": "unsupported op: aten.special_airy_ai.default",
-        "bool": "unsupported op: aten.special_airy_ai.default",
-    },
-    "special.bessel_j0": {
-        "float32": "unsupported op: aten.special_bessel_j0.default",
-        "int64": "unsupported op: aten.special_bessel_j0.default",
-        "bool": "unsupported op: aten.special_bessel_j0.default",
-    },
-    "special.bessel_j1": {
-        "float32": "unsupported op: aten.special_bessel_j1.default",
-        "int64": "unsupported op: aten.special_bessel_j1.default",
-        "bool": "unsupported op: aten.special_bessel_j1.default",
-    },
-    "special.bessel_y0": {
-        "float32": "unsupported op: aten.special_bessel_y0.default",
-        "int64": "unsupported op: aten.special_bessel_y0.default",
-        "bool": "unsupported op: aten.special_bessel_y0.default",
-    },
-    "special.bessel_y1": {
-        "float32": "unsupported op: aten.special_bessel_y1.default",
-        "int64": "unsupported op: aten.special_bessel_y1.default",
-        "bool": "unsupported op: aten.special_bessel_y1.default",
-    },
-    "special.chebyshev_polynomial_t": {
-        "float32": "unsupported op: aten.special_chebyshev_polynomial_t.default",
-        "int64": "unsupported op: aten.special_chebyshev_polynomial_t.default",
-        "bool": "unsupported op: aten.special_chebyshev_polynomial_t.default",
-    },
-    "special.chebyshev_polynomial_u": {
-        "float32": "unsupported op: aten.special_chebyshev_polynomial_u.default",
-        "int64": "unsupported op: aten.special_chebyshev_polynomial_u.default",
-        "bool": "unsupported op: aten.special_chebyshev_polynomial_u.default",
-    },
-    "special.chebyshev_polynomial_v": {
-        "float32": "unsupported op: aten.special_chebyshev_polynomial_v.default",
-        "int64": "unsupported op: aten.special_chebyshev_polynomial_v.default",
-        "bool": "unsupported op: aten.special_chebyshev_polynomial_v.default",
-    },
-    "special.chebyshev_polynomial_w": {
-        "float32": "unsupported op: aten.special_chebyshev_polynomial_w.default",
-        "int64": "unsupported op: aten.special_chebyshev_polynomial_w.default",
-        "bool": "unsupported op: aten.special_chebyshev_polynomial_w.default",
-    },
-    "special.hermite_polynomial_h": {
-        "float32": "unsupported op: aten.special_hermite_polynomial_h.default",
-        "int64": "unsupported op: aten.special_hermite_polynomial_h.default",
-        "bool": "unsupported op: aten.special_hermite_polynomial_h.default",
-    },
-    "special.hermite_polynomial_he": {
-        "float32": "unsupported op: aten.special_hermite_polynomial_he.default",
-        "int64": "unsupported op: aten.special_hermite_polynomial_he.default",
-        "bool": "unsupported op: aten.special_hermite_polynomial_he.default",
-    },
-    "special.laguerre_polynomial_l": {
-        "float32": "unsupported op: aten.special_laguerre_polynomial_l.default",
-        "int64": "unsupported op: aten.special_laguerre_polynomial_l.default",
-        "bool": "unsupported op: aten.special_laguerre_polynomial_l.default",
-    },
-    "special.legendre_polynomial_p": {
-        "float32": "unsupported op: aten.special_legendre_polynomial_p.default",
-        "int64": "unsupported op: aten.special_legendre_polynomial_p.default",
-        "bool": "unsupported op: aten.special_legendre_polynomial_p.default",
-    },
-    "special.modified_bessel_i0": {
-        "float32": "unsupported op: aten.special_modified_bessel_i0.default",
-        "int64": "unsupported op: aten.special_modified_bessel_i0.default",
-        "bool": "unsupported op: aten.special_modified_bessel_i0.default",
-    },
-    "special.modified_bessel_i1": {
-        "float32": "unsupported op: aten.special_modified_bessel_i1.default",
-        "int64": "unsupported op: aten.special_modified_bessel_i1.default",
-        "bool": "unsupported op: aten.special_modified_bessel_i1.default",
-    },
-    "special.modified_bessel_k0": {
-        "float32": "unsupported op: aten.special_modified_bessel_k0.default",
-        "int64": "unsupported op: aten.special_modified_bessel_k0.default",
-        "bool": "unsupported op: aten.special_modified_bessel_k0.default",
-    },
-    "special.modified_bessel_k1": {
-        "float32": "unsupported op: aten.special_modified_bessel_k1.default",
-        "int64": "unsupported op: aten.special_modified_bessel_k1.default",
-        "bool": "unsupported op: aten.special_modified_bessel_k1.default",
-    },
-    "special.polygamma.special_polygamma_n_0": {
-        "float32": "unsupported op: aten.polygamma.default",
-        "bfloat16": "unsupported op: aten.polygamma.default",
-        "int64": "unsupported op: aten.polygamma.default",
-        "bool": "unsupported op: aten.polygamma.default",
-    },
-    "special.scaled_modified_bessel_k0": {
-        "float32": "unsupported op: aten.special_scaled_modified_bessel_k0.default",
-        "int64": "unsupported op: aten.special_scaled_modified_bessel_k0.default",
-        "bool": "unsupported op: aten.special_scaled_modified_bessel_k0.default",
-    },
-    "special.scaled_modified_bessel_k1": {
-        "float32": "unsupported op: aten.special_scaled_modified_bessel_k1.default",
-        "int64": "unsupported op: aten.special_scaled_modified_bessel_k1.default",
-        "bool": "unsupported op: aten.special_scaled_modified_bessel_k1.default",
-    },
-    "special.shifted_chebyshev_polynomial_t": {
-        "float32": "unsupported op: aten.special_shifted_chebyshev_polynomial_t.default",
-        "int64": "unsupported op: aten.special_shifted_chebyshev_polynomial_t.default",
-        "bool": "unsupported op: aten.special_shifted_chebyshev_polynomial_t.default",
-    },
-    "special.shifted_chebyshev_polynomial_u": {
-        "float32": "unsupported op: aten.special_shifted_chebyshev_polynomial_u.default",
-        "int64": "unsupported op: aten.special_shifted_chebyshev_polynomial_u.default",
-        "bool": "unsupported op: aten.special_shifted_chebyshev_polynomial_u.default",
-    },
-    "special.shifted_chebyshev_polynomial_v": {
-        "float32": "unsupported op: aten.special_shifted_chebyshev_polynomial_v.default",
-        "int64": "unsupported op: aten.special_shifted_chebyshev_polynomial_v.default",
-        "bool": "unsupported op: aten.special_shifted_chebyshev_polynomial_v.default",
-    },
-    "special.shifted_chebyshev_polynomial_w": {
-        "float32": "unsupported op: aten.special_shifted_chebyshev_polynomial_w.default",
-        "int64": "unsupported op: aten.special_shifted_chebyshev_polynomial_w.default",
-        "bool": "unsupported op: aten.special_shifted_chebyshev_polynomial_w.default",
-    },
-    "special.spherical_bessel_j0": {
-        "float32": "unsupported op: aten.special_spherical_bessel_j0.default",
-        "int64": "unsupported op: aten.special_spherical_bessel_j0.default",
-        "bool": "unsupported op: aten.special_spherical_bessel_j0.default",
-    },
-    "special.zeta": {
-        "float32": "unsupported op: aten.special_zeta.default",
-        "int64": "unsupported op: aten.special_zeta.default",
-        "bool": "unsupported op: aten.special_zeta.default",
     },
     "tensor_split": {
         "float32": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
