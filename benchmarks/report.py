@@ -364,6 +364,9 @@ def readme_block(results: dict[str, Any], json_path: str, png_path: str | None) 
         "",
         f"Machine: {machine_line(results)}.",
         "",
+        f"Command: `{results.get('command', 'python -m benchmarks.run')}`"
+        + (f" ({results['wall_s'] / 60:.0f} minutes)." if _ok(results.get("wall_s")) else "."),
+        "",
         tables(results).rstrip(),
         "",
     ]
