@@ -129,8 +129,9 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         "run `python scripts/gen_models_doc.py`.",
         "",
         "Every model is built from a tiny random config (hidden size 32, two layers, a vocabulary "
-        "of 128, batch 2 x 8 tokens, 32-pixel images), never downloaded, and runs through "
-        '`torch.compile(model, backend="tpu")` against CPU eager. The forward is an inference call '
+        "of 128, batch 2 x 8 tokens, 32-pixel images, 64 for timm's ResNet), never downloaded, "
+        'and runs through `torch.compile(model, backend="tpu")` against CPU eager. The forward is '
+        "an inference call "
         "(`eval()`, `no_grad`); training is two steps of loss, backward and AdamW, comparing the "
         "loss, every gradient and every parameter.",
         "",
@@ -148,7 +149,8 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         "fallback islands); *breaks* = Dynamo graph breaks; *compile* = first compiled call "
         "(Dynamo + AOTAutograd + lowering + XLA), seconds; *compiled* / *eager* = steady-state "
         f"inference forward, best of {TIMING_CALLS}, ms; *speedup* = eager / compiled; *max err* = "
-        "largest absolute difference of the compared outputs; *tol* = the test's atol/rtol.",
+        "largest absolute difference of the compared outputs; *tol* = the test's atol/rtol; "
+        "*(slow)* = the test runs only with `TPU_INDUCTOR_SLOW=1`.",
         "",
         "| model | library | graphs | breaks | fallback ops | compile s | compiled ms | eager ms "
         "| speedup | max err | tol | forward | training |",
@@ -173,10 +175,14 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
                 f"{speedup:.2f}x",
                 f"{f.max_abs_err:.1e}",
             ]
+        name = f"{case.name} (slow)" if case.slow else case.name
+        training = r["training_status"]
+        if case.train_slow and training != "-":
+            training += " (slow)"
         lines.append(
-            f"| {case.name} | {case.library} | "
+            f"| {name} | {case.library} | "
             + " | ".join(cells)
-            + f" | {tol} | {r['forward_status']} | {r['training_status']} |"
+            + f" | {tol} | {r['forward_status']} | {training} |"
         )
     loose = [r["case"] for r in rows if r["case"].reason]
     if loose:

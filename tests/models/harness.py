@@ -72,6 +72,7 @@ class RunResult:
     eager_s: float = 0.0
     compiled_s: float = 0.0
     max_abs_err: float = 0.0
+    recompiles: int = 0  # training: Dynamo graphs captured after the first step
 
 
 _FALLBACK_OP = re.compile(r"^  - ([\w.]+)\(", re.MULTILINE)
@@ -244,6 +245,7 @@ def run_training(case: ModelCase, steps: int = 2) -> RunResult:
             loss_c.backward()
             if step == 0:
                 result.compile_s = time.perf_counter() - start
+                graphs_after_first = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             compare({"loss": loss_c.detach()}, {"loss": loss_e.detach()}, case, f"step {step}")
             named_c = dict(comp.named_parameters())
             for name, pe in eager.named_parameters():
@@ -265,4 +267,5 @@ def run_training(case: ModelCase, steps: int = 2) -> RunResult:
     result.dynamo_graphs = counts.dynamo_graphs
     result.graph_breaks = counts.graph_breaks
     result.backend_graphs = counts.backend_graphs
+    result.recompiles = counts.dynamo_graphs - int(graphs_after_first)
     return result

@@ -84,10 +84,12 @@ def test_forward(case: ModelCase):
     result, actual, expected = run_forward(case)
     compare(actual, expected, case, "forward")
     assert result.fallback_ops == set(case.fallback)
-    assert result.graph_breaks == 0
+    assert (result.dynamo_graphs, result.graph_breaks) == (1, 0)
 
 
 @pytest.mark.parametrize("case", params(MODELS, training=True))
 def test_training(case: ModelCase):
     pytest.importorskip("diffusers")
-    run_training(case)
+    result = run_training(case)
+    assert result.recompiles == 0
+    assert result.fallback_ops == set(case.fallback)
