@@ -33,12 +33,12 @@ def main() -> None:
                 t = torch.randn(shape).to(dtype)
                 a = jax.device_put(jax.dlpack.from_dlpack(t), device) + 0
                 rows = [
-                    _us(lambda: jax.device_put(jax.dlpack.from_dlpack(t), device)),
-                    _us(lambda: jax.device_put(t.numpy(), device))
+                    _us(lambda t=t: jax.device_put(jax.dlpack.from_dlpack(t), device)),
+                    _us(lambda t=t: jax.device_put(t.numpy(), device))
                     if dtype != torch.bfloat16 else float("nan"),
-                    _us(lambda: torch.from_dlpack(a)) if device.platform == "cpu"
+                    _us(lambda a=a: torch.from_dlpack(a)) if device.platform == "cpu"
                     else float("nan"),
-                    _us(lambda: torch.from_numpy(np.asarray(a)))
+                    _us(lambda a=a: torch.from_numpy(np.asarray(a)))
                     if dtype != torch.bfloat16 else float("nan"),
                 ]
                 print(f"{str(dtype)[6:]:>10} {str(shape):>12} | {rows[0]:11.1f} {rows[1]:12.1f} |"

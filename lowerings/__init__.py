@@ -14,6 +14,7 @@ from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its f
     pointwise,
     random,
     reductions,
+    sampling,
     sorting,
     special,
     views,

@@ -73,9 +73,10 @@ def conv(
             precision=precision,
             preferred_element_type=pref,
         )
-    out = out.astype(input.dtype)
     if bias is not None:
+        # Added before rounding to the input dtype: one rounding for half precision, like torch.
         out = out + bias.reshape((1, -1) + (1,) * n).astype(out.dtype)
+    out = out.astype(input.dtype)
     return out[0] if unbatched else out
 
 
@@ -326,7 +327,7 @@ def avg_pool3d_backward(
 
 
 def _adaptive_matrix(size, out):
-    """(out, size) averaging matrix with torch's adaptive windows [floor(i*n/o), ceil((i+1)*n/o))."""
+    """(out, size) averaging matrix over torch's windows [floor(i*n/o), ceil((i+1)*n/o))."""
     m = np.zeros((out, size), np.float64)
     for i in range(out):
         start = (i * size) // out
@@ -371,3 +372,170 @@ def adaptive_avg_pool2d_backward(ctx, grad_output, self):
 def adaptive_avg_pool3d_backward(ctx, grad_output, self):
     f = lambda x: adaptive_avg_pool(x, grad_output.shape[-3:], 3)
     return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
+
+
+# --- adaptive and fractional max pooling --------------------------------------------------------
+
+
+def _gather_windows(x, starts, kernel, ends=None):
+    """Every pooling window of ``x``'s last n dims, flattened, with its flat plane positions.
+
+    Args:
+        x: (lead..., S_1, ..., S_n).
+        starts: per spatial dim, the window starts: a numpy (O_d,) array, or an int array of
+            shape lead + (O_d,) (per-plane starts, as fractional pooling draws them).
+        kernel: per spatial dim, the (largest) window length K_d.
+        ends: per spatial dim, an optional numpy (O_d,) array of window ends; positions at or
+            past their window's end are marked invalid.
+
+    Returns:
+        (values, positions, valid): values is lead + (O_1, ..., O_n, K_1 * ... * K_n);
+        positions (row-major offsets into the input plane) and valid (``None`` without
+        ``ends``) broadcast against it.
+    """
+    n = len(kernel)
+    lead = x.ndim - n
+    spatial = x.shape[lead:]
+    win, pos, valid = x, 0, True
+    for d, (s, k) in enumerate(zip(starts, kernel, strict=True)):
+        coord = jnp.minimum(jnp.asarray(s)[..., None] + np.arange(k), spatial[d] - 1)
+        o = coord.shape[-2]
+        lshape = coord.shape[:-2] if coord.ndim > 2 else (1,) * lead
+        before, after = (1, 1) * d, (1, 1) * (n - d - 1)
+        # win is lead + (O_1, K_1, ..., O_{d-1}, K_{d-1}, S_d, ..., S_n) here.
+        idx = coord.reshape(lshape + (1,) * (2 * d) + (o * k,) + (1,) * (n - d - 1))
+        axis = lead + 2 * d
+        win = jnp.take_along_axis(win, idx, axis=axis)
+        win = win.reshape(win.shape[:axis] + (o, k) + win.shape[axis + 1 :])
+        pos = pos + coord.reshape(lshape + before + (o, k) + after) * int(np.prod(spatial[d + 1 :]))
+        if ends is not None:
+            ok = np.arange(k) + np.asarray(s)[:, None] < np.asarray(ends[d])[:, None]
+            valid = valid & ok.reshape(before + (o, k) + after)
+    # (..., O_1, K_1, ..., O_n, K_n) -> (..., O_1, ..., O_n, K_1 * ... * K_n)
+    tail = [*range(0, 2 * n, 2), *range(1, 2 * n, 2)]
+    win = jnp.transpose(win, [*range(lead), *(lead + t for t in tail)])
+    win = win.reshape(win.shape[: lead + n] + (-1,))
+    pos = jnp.transpose(pos, [*range(lead), *(lead + t for t in tail)])
+    pos = pos.reshape(pos.shape[: lead + n] + (-1,))
+    if ends is None:
+        return win, pos, None
+    valid = np.transpose(valid, tail)
+    return win, pos, valid.reshape(valid.shape[:n] + (-1,))
+
+
+def _pick_max(win, valid=None):
+    """torch's CPU max-pool choice over the last axis: the first maximum, or the last NaN.
+
+    Returns (value, local index).
+    """
+    floating = jnp.issubdtype(win.dtype, jnp.floating)
+    low = -jnp.inf if floating else jnp.iinfo(win.dtype).min
+    masked = win if valid is None else jnp.where(valid, win, jnp.asarray(low, win.dtype))
+    if floating:
+        isnan = jnp.isnan(masked)
+        best = jnp.argmax(jnp.where(isnan, jnp.asarray(low, win.dtype), masked), axis=-1)
+        last_nan = isnan.shape[-1] - 1 - jnp.argmax(isnan[..., ::-1], axis=-1)
+        best = jnp.where(jnp.any(isnan, axis=-1), last_nan, best)
+    else:
+        best = jnp.argmax(masked, axis=-1)
+    value = jnp.take_along_axis(masked, best[..., None], axis=-1)[..., 0]
+    return value, best
+
+
+def adaptive_max_pool(x, output_size, n):
+    """Adaptive max pooling: torch's windows [floor(i*S/O), ceil((i+1)*S/O)), plane indices."""
+    out = _tup(output_size, n)
+    spatial = x.shape[-n:]
+    if 0 in out:
+        shape = x.shape[:-n] + out
+        return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
+    starts = [np.arange(o) * s // o for s, o in zip(spatial, out, strict=True)]
+    ends = [-((-(np.arange(o) + 1) * s) // o) for s, o in zip(spatial, out, strict=True)]
+    kernel = [int((e - b).max()) for b, e in zip(starts, ends, strict=True)]
+    win, pos, valid = _gather_windows(x, starts, kernel, ends)
+    value, best = _pick_max(win, valid)
+    index = jnp.take_along_axis(jnp.broadcast_to(pos, win.shape), best[..., None], axis=-1)
+    return value, index[..., 0].astype(jnp.int64)
+
+
+# aten::adaptive_max_pool2d(Tensor self, int[2] output_size) -> (Tensor, Tensor)
+@register_lowering(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(ctx, self, output_size):
+    return adaptive_max_pool(self, output_size, 2)
+
+
+@register_lowering(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(ctx, self, output_size):
+    return adaptive_max_pool(self, output_size, 3)
+
+
+# aten::adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
+@register_lowering(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(ctx, grad_output, self, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@register_lowering(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(ctx, grad_output, self, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+def _fractional_starts(sample, size, out, k):
+    """Window starts from one uniform sample per plane, torch's generate_intervals.
+
+    The arithmetic runs in the samples' dtype, as torch's kernel does, so the truncations
+    land on the same integers.
+    """
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    alpha = jnp.asarray((size - k) / (out - 1) if out > 1 else 0, sample.dtype)
+    s = sample[..., None]
+    body = ((i + s) * alpha).astype(jnp.int64) - (s * alpha).astype(jnp.int64)
+    last = jnp.full(sample.shape + (1,), size - k, jnp.int64)
+    return jnp.concatenate([body, last], axis=-1)
+
+
+def fractional_max_pool(x, kernel_size, output_size, random_samples, n):
+    """Fractional max pooling (Graham 2014) with torch's window placement and plane indices."""
+    k, out = _tup(kernel_size, n), _tup(output_size, n)
+    unbatched = x.ndim == n + 1
+    if unbatched:
+        x = x[None]
+    if x.size == 0:
+        shape = x.shape[:2] + out
+        value, index = jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
+        return (value[0], index[0]) if unbatched else (value, index)
+    samples = random_samples.astype(x.dtype).reshape(x.shape[:2] + (n,))
+    # Per plane, 2-d samples are (w, h) and 3-d samples (t, h, w), as torch reads them.
+    order = (1, 0) if n == 2 else tuple(range(n))
+    starts = [
+        _fractional_starts(samples[..., order[d]], x.shape[2 + d], out[d], k[d]) for d in range(n)
+    ]
+    win, pos, _ = _gather_windows(x, starts, k)
+    value, best = _pick_max(win)
+    index = jnp.take_along_axis(jnp.broadcast_to(pos, win.shape), best[..., None], axis=-1)
+    index = index[..., 0].astype(jnp.int64)
+    return (value[0], index[0]) if unbatched else (value, index)
+
+
+# aten::fractional_max_pool2d(Tensor self, int[2] kernel_size, int[2] output_size,
+#                             Tensor random_samples) -> (Tensor, Tensor)
+@register_lowering(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(ctx, self, kernel_size, output_size, random_samples):
+    return fractional_max_pool(self, kernel_size, output_size, random_samples, 2)
+
+
+@register_lowering(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(ctx, self, kernel_size, output_size, random_samples):
+    return fractional_max_pool(self, kernel_size, output_size, random_samples, 3)
+
+
+# aten::fractional_max_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size,
+#                                      int[2] output_size, Tensor indices) -> Tensor
+@register_lowering(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@register_lowering(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)

@@ -77,8 +77,9 @@ def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
 # aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape,
 #   Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask)
 @register_lowering(aten.native_layer_norm_backward.default)
-def native_layer_norm_backward(ctx, grad_out, input, normalized_shape, mean, rstd, weight, bias,
-                               output_mask):
+def native_layer_norm_backward(
+    ctx, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
+):
     # Analytic form from the saved statistics (eps is already folded into rstd).
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     lead = tuple(range(input.ndim - len(normalized_shape)))
@@ -126,8 +127,9 @@ def _bn_train(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is not None:
         n = x.size // x.shape[1]
         unbiased = var * (n / max(n - 1, 1))
-        new_rm = ((1 - momentum) * running_mean + momentum * mean).astype(running_mean.dtype)
-        new_rv = ((1 - momentum) * running_var + momentum * unbiased).astype(running_var.dtype)
+        new_rm = (1 - momentum) * _acc(running_mean) + momentum * mean
+        new_rv = (1 - momentum) * _acc(running_var) + momentum * unbiased
+        new_rm, new_rv = new_rm.astype(running_mean.dtype), new_rv.astype(running_var.dtype)
     return out, mean, rstd, new_rm, new_rv
 
 
@@ -142,15 +144,17 @@ def batch_norm_functional(
         out, mean, rstd, rm, rv = _bn_train(
             input, weight, bias, running_mean, running_var, momentum, eps
         )
-        return out, mean, rstd, rm, rv
+        # Output dtypes from torch's meta: with half-precision inputs the saved statistics stay
+        # half and the new running stats come out float32 (copied back into the buffers).
+        return tuple(v.astype(ctx.out_dtype(i)) for i, v in enumerate((out, mean, rstd, rm, rv)))
     rstd = lax.rsqrt(_acc(running_var) + eps)
     out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
     return (
         out,
         jnp.zeros(ctx.out_shape(1), ctx.out_dtype(1)),
         jnp.zeros(ctx.out_shape(2), ctx.out_dtype(2)),
-        running_mean,
-        running_var,
+        running_mean.astype(ctx.out_dtype(3)),
+        running_var.astype(ctx.out_dtype(4)),
     )
 
 
@@ -231,15 +235,34 @@ def native_dropout(ctx, input, p, train):
     return out, keep
 
 
+# aten::native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor
 @register_lowering(aten.native_dropout_backward.default)
 def native_dropout_backward(ctx, grad_output, mask, scale):
-    return (grad_output * mask.astype(grad_output.dtype) * scale).astype(grad_output.dtype)
+    # Integer and bool gradients promote with the float scale (to the default float dtype).
+    dtype = ctx.out_dtype()
+    return (grad_output.astype(dtype) * mask.astype(dtype) * scale).astype(dtype)
 
 
 # aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, ...) -> Tensor
 @register_lowering(aten.embedding.default)
 def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0, mode="clip")
+
+
+# aten::embedding_renorm(Tensor self, Tensor indices, float max_norm, float norm_type) -> Tensor
+@register_lowering(aten.embedding_renorm.default)
+def embedding_renorm(ctx, self, indices, max_norm, norm_type):
+    # Rows that indices select and whose p-norm exceeds max_norm are scaled down to it.
+    w = _acc(self)
+    if norm_type == math.inf:
+        norm = jnp.max(jnp.abs(w), axis=1)
+    elif norm_type == 0:
+        norm = jnp.sum(w != 0, axis=1).astype(w.dtype)
+    else:
+        norm = jnp.sum(jnp.abs(w) ** norm_type, axis=1) ** (1.0 / norm_type)
+    used = jnp.zeros(self.shape[0], jnp.bool_).at[indices.reshape(-1)].set(True)
+    scale = jnp.where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return jnp.where(scale[:, None] != 1.0, w * scale[:, None], w).astype(self.dtype)
 
 
 # aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights,
@@ -257,6 +280,272 @@ def embedding_dense_backward(
         g = g / counts[idx][:, None]
     out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
     return out.astype(ctx.out_dtype())
+
+
+def _bags(indices, offsets, num_bags, include_last_offset):
+    """Each index's bag: offsets[b] <= position < offsets[b + 1]; num_bags past the end."""
+    pos = jnp.arange(indices.shape[0])
+    starts = offsets[:num_bags] if include_last_offset else offsets
+    bag = jnp.searchsorted(starts, pos, side="right") - 1
+    if include_last_offset:
+        bag = jnp.where(pos < offsets[num_bags], bag, num_bags)
+    return bag
+
+
+def embedding_bag(
+    ctx, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+):
+    """torch's _embedding_bag forward: (output, offset2bag, bag_size, max_indices)."""
+    num_bags = ctx.out_shape(0)[0]
+    bag = _bags(indices, offsets, num_bags, include_last_offset)
+    keep = (bag >= 0) & (bag < num_bags)
+    if padding_idx is not None and padding_idx >= 0:
+        keep = keep & (indices != padding_idx)
+    seg = jnp.where(keep, bag, num_bags)  # dropped rows land in an extra, discarded segment
+    rows = _acc(jnp.take(weight, indices, axis=0, mode="clip"))
+    count = jax.ops.segment_sum(keep.astype(jnp.int64), seg, num_bags + 1)[:num_bags]
+    max_indices = None
+    if mode == 2:  # max: per feature, the first largest row of the bag; empty bags give 0
+        out = jax.ops.segment_max(jnp.where(keep[:, None], rows, -jnp.inf), seg, num_bags + 1)
+        out = out[:num_bags]
+        first = jnp.where(keep[:, None] & (rows == out[bag.clip(0, num_bags - 1)]), 1, 0)
+        pos = jnp.where(first == 1, jnp.arange(indices.shape[0])[:, None], indices.shape[0])
+        at = jax.ops.segment_min(pos, seg, num_bags + 1)[:num_bags]
+        max_indices = jnp.where(count[:, None] > 0, indices[at.clip(0, indices.shape[0] - 1)], 0)
+        out = jnp.where(count[:, None] > 0, out, 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * _acc(per_sample_weights)[:, None]
+        out = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), seg, num_bags + 1)
+        out = out[:num_bags]
+        if mode == 1:  # mean over the bag's non-padding rows; empty bags give 0
+            out = out / jnp.maximum(count, 1)[:, None].astype(out.dtype)
+    # The auxiliary outputs (for the backward) follow torch's CPU kernel: in sum mode bag_size
+    # and max_indices are zeros, and their shapes (like offset2bag's) vary with the path taken.
+    bag_size = count if mode != 0 else jnp.zeros_like(count)
+    if max_indices is None:
+        max_indices = bag_size if mode == 1 else jnp.zeros_like(count)
+    aux = []
+    for i, v in enumerate((bag, bag_size, max_indices), start=1):
+        shape, dtype = ctx.out_shape(i), ctx.out_dtype(i)
+        aux.append(v.astype(dtype) if v.shape == shape else jnp.zeros(shape, dtype))
+    return (out.astype(ctx.out_dtype(0)), *aux)
+
+
+# aten::_embedding_bag(Tensor weight, Tensor indices, Tensor offsets,
+#   bool scale_grad_by_freq=False, int mode=0, bool sparse=False,
+#   Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1)
+#   -> (Tensor, Tensor, Tensor, Tensor)
+@register_lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag_forward(
+    ctx,
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    return embedding_bag(
+        ctx, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+    )
+
+
+# aten::_embedding_bag_backward(Tensor grad, Tensor indices, Tensor offsets, Tensor offset2bag,
+#   Tensor bag_size, Tensor maximum_indices, SymInt num_weights, bool scale_grad_by_freq,
+#   int mode, bool sparse, Tensor? per_sample_weights, int padding_idx=-1) -> Tensor
+@register_lowering(aten._embedding_bag_backward.default)
+def embedding_bag_backward(
+    ctx,
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    # NOTE: always the dense gradient (sparse=True gives a dense tensor, like the meta says).
+    # NOTE: scale_grad_by_freq divides each row's gradient by that row's frequency in indices;
+    # torch's CPU kernel divides by the frequency of another index (the i-th smallest for the
+    # i-th distinct one), so the two differ when indices repeat unevenly.
+    # Bags are recomputed from offsets: offset2bag is empty on torch's sum fast path.
+    num_bags = grad.shape[0]
+    bag = _bags(indices, offsets, num_bags, offsets.shape[0] > num_bags)
+    keep = (bag >= 0) & (bag < num_bags)
+    if padding_idx is not None and padding_idx >= 0:
+        keep = keep & (indices != padding_idx)
+    g = _acc(grad)
+    out = jnp.zeros((num_weights, g.shape[1]), g.dtype)
+    if mode == 2:
+        count = jax.ops.segment_sum(
+            keep.astype(jnp.int32), jnp.where(keep, bag, num_bags), num_bags + 1
+        )[:num_bags]
+        g = jnp.where(count[:, None] > 0, g, 0)
+        cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
+        return out.at[maximum_indices, cols].add(g).astype(ctx.out_dtype())
+    rows = jnp.where(keep[:, None], g[bag.clip(0, num_bags - 1)], 0)
+    if mode == 1:
+        count = jax.ops.segment_sum(
+            keep.astype(g.dtype), jnp.where(keep, bag, num_bags), num_bags + 1
+        )[:num_bags]
+        rows = rows / jnp.maximum(count, 1)[bag.clip(0, num_bags - 1)][:, None]
+    elif per_sample_weights is not None:
+        rows = rows * _acc(per_sample_weights)[:, None]
+    if scale_grad_by_freq:
+        freq = jnp.zeros(num_weights, g.dtype).at[indices].add(1)
+        rows = rows / freq[indices][:, None]
+    return out.at[indices].add(rows).astype(ctx.out_dtype())
+
+
+# aten::_embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices,
+#   Tensor offsets, Tensor offset2bag, int mode, int padding_idx=-1) -> Tensor
+@register_lowering(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(
+    ctx, grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1
+):
+    num_bags = grad.shape[0]
+    bag = _bags(indices, offsets, num_bags, offsets.shape[0] > num_bags)
+    keep = (bag >= 0) & (bag < num_bags)
+    if padding_idx is not None and padding_idx >= 0:
+        keep = keep & (indices != padding_idx)
+    rows = _acc(jnp.take(weight, indices, axis=0, mode="clip"))
+    dot = jnp.sum(_acc(grad)[bag.clip(0, num_bags - 1)] * rows, axis=1)
+    return jnp.where(keep, dot, 0).astype(ctx.out_dtype())
+
+
+# aten::_trilinear(Tensor i1, Tensor i2, Tensor i3, int[] expand1, int[] expand2, int[] expand3,
+#                  int[] sumdim, int unroll_dim=1) -> Tensor
+@register_lowering(aten._trilinear.default)
+def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    # i1 * i2 * i3, each unsqueezed at its expand dims, summed over sumdim. Like torch, i1 and
+    # i2 contract first (over the summed dims i3 lacks), the result rounds to the output dtype,
+    # and then it contracts with i3.
+    ndim = i1.ndim + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:ndim]
+
+    def spec(dims):
+        return "".join(letters[d] for d in dims)
+
+    dims1, dims2, dims3 = (
+        [d for d in range(ndim) if d not in expand] for expand in (expand1, expand2, expand3)
+    )
+    sum12 = {d for d in sumdim if d in expand3}
+    dims12 = [d for d in range(ndim) if (d in dims1 or d in dims2) and d not in sum12]
+    dims_out = [d for d in range(ndim) if d not in sumdim]
+    dtype = ctx.out_dtype()
+    pref = jnp.float32 if dtype in _HALF else None
+    kw = dict(precision=ctx.precision, preferred_element_type=pref)
+    buf = jnp.einsum(f"{spec(dims1)},{spec(dims2)}->{spec(dims12)}", i1, i2, **kw)
+    buf = buf.astype(dtype)
+    out = jnp.einsum(f"{spec(dims12)},{spec(dims3)}->{spec(dims_out)}", buf, i3, **kw)
+    return out.astype(dtype).reshape(ctx.out_shape())
+
+
+def _linear_ce_losses(input, linear_weight, target, linear_bias, weight, ignore_index, precision):
+    """Per-row loss weights and weighted losses of cross_entropy(linear(input), target)."""
+    acc = jnp.float64 if input.dtype == jnp.float64 else jnp.float32
+    logits = jnp.matmul(input.astype(acc), linear_weight.astype(acc).T, precision=precision)
+    if linear_bias is not None:
+        logits = logits + linear_bias.astype(acc)
+    ignored = target == ignore_index
+    tgt = jnp.where(ignored, 0, target)
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tgt[:, None], axis=-1)[:, 0]
+    w = jnp.ones(tgt.shape, acc) if weight is None else weight.astype(acc)[tgt]
+    w = jnp.where(ignored, 0, w)
+    return w, w * nll
+
+
+# torch_nn::_linear_cross_entropy_batch_chunked(Tensor input, Tensor linear_weight, Tensor target,
+#   Tensor? linear_bias, Tensor? weight, str reduction, SymInt ignore_index, float label_smoothing,
+#   SymInt batch_chunk_size, str acc_policy, ScalarType acc_dtype, bool allow_retain_graph,
+#   bool compute_input_grad, bool compute_linear_weight_grad, bool compute_linear_bias_grad)
+#   -> (Tensor, Tensor, Tensor, Tensor)
+def linear_cross_entropy_batch_chunked(
+    ctx,
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    batch_chunk_size,
+    acc_policy,
+    acc_dtype,
+    allow_retain_graph,
+    compute_input_grad,
+    compute_linear_weight_grad,
+    compute_linear_bias_grad,
+):
+    # F.linear_cross_entropy's fused loss, returning the gradients it precomputes for its
+    # backward (empty where not requested).
+    # NOTE: not chunked: XLA gets the whole (batch, classes) logits matrix and schedules the
+    # memory itself; batch_chunk_size and acc_policy do not change the result beyond rounding.
+    if label_smoothing > 0:
+        raise NotImplementedError("linear_cross_entropy with label smoothing (torch rejects it)")
+
+    def loss(x, lw, lb):
+        w, losses = _linear_ce_losses(x, lw, target, lb, weight, ignore_index, ctx.precision)
+        total = jnp.sum(losses)
+        return total / jnp.sum(w) if reduction == "mean" else total
+
+    bias = linear_bias if linear_bias is not None else jnp.zeros(linear_weight.shape[:1])
+    value, grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(input, linear_weight, bias)
+    wanted = (compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad)
+    outs = [value]
+    for i, (g, want) in enumerate(zip(grads, wanted, strict=True), start=1):
+        outs.append(g if want else jnp.zeros(ctx.out_shape(i)))
+    return tuple(v.astype(ctx.out_dtype(i)) for i, v in enumerate(outs))
+
+
+# torch_nn::_linear_cross_entropy_batch_chunked_no_reduction(Tensor input, Tensor linear_weight,
+#   Tensor target, Tensor? linear_bias, Tensor? weight, SymInt ignore_index,
+#   SymInt batch_chunk_size, str acc_policy, ScalarType acc_dtype) -> Tensor
+def linear_cross_entropy_batch_chunked_no_reduction(
+    ctx,
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    ignore_index,
+    batch_chunk_size,
+    acc_policy,
+    acc_dtype,
+):
+    # NOTE: not chunked, like the reducing op above.
+    _, losses = _linear_ce_losses(
+        input, linear_weight, target, linear_bias, weight, ignore_index, ctx.precision
+    )
+    return losses.astype(ctx.out_dtype())
+
+
+def _register_linear_cross_entropy():
+    # torch registers these custom ops when F.linear_cross_entropy's module is first imported.
+    try:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401
+    except ImportError:  # a torch without F.linear_cross_entropy
+        return
+    ops = torch.ops.torch_nn
+    register_lowering(ops._linear_cross_entropy_batch_chunked.default)(
+        linear_cross_entropy_batch_chunked
+    )
+    register_lowering(ops._linear_cross_entropy_batch_chunked_no_reduction.default)(
+        linear_cross_entropy_batch_chunked_no_reduction
+    )
+
+
+_register_linear_cross_entropy()
 
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None):

@@ -217,16 +217,51 @@ def imag(ctx, self):
     return jnp.imag(self)
 
 
-# aten::as_strided(Tensor self, SymInt[] size, SymInt[] stride, SymInt? storage_offset) -> Tensor
-@register_lowering(aten.as_strided.default, aten.as_strided_copy.default)
-def as_strided(ctx, self, size, stride, storage_offset=None):
-    # NOTE: strides index the input's contiguous storage (functionalization hands us bases).
+# aten::diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor
+@register_lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
+    moved = jnp.moveaxis(self, (dim1, dim2), (-2, -1))
+    n = src.shape[-1]
+    rows = np.arange(n) + max(-offset, 0)
+    cols = np.arange(n) + max(offset, 0)
+    moved = moved.at[..., rows, cols].set(src.astype(self.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
+
+
+def _strided_index(size, stride, storage_offset):
+    """Flat storage positions of an as_strided view, as a numpy array of shape ``size``."""
     index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
     for d, (n, s) in enumerate(zip(size, stride, strict=True)):
         shape = [1] * len(size)
         shape[d] = n
         index = index + (np.arange(n) * s).reshape(shape)
+    return index
+
+
+# aten::as_strided(Tensor self, SymInt[] size, SymInt[] stride, SymInt? storage_offset) -> Tensor
+@register_lowering(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(ctx, self, size, stride, storage_offset=None):
+    # NOTE: strides index the input's contiguous storage (functionalization hands us bases).
+    index = _strided_index(size, stride, storage_offset)
     return jnp.reshape(self, -1)[jnp.asarray(index)] if index.size else jnp.zeros(size, self.dtype)
+
+
+# aten::as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride,
+#                          SymInt? storage_offset=None) -> Tensor
+@register_lowering(aten.as_strided_scatter.default)
+def as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
+    # NOTE: like as_strided, strides index self's contiguous storage; where the view overlaps
+    # itself, one of the overlapping src elements wins (torch leaves that unspecified too).
+    index = _strided_index(size, stride, storage_offset)
+    if not index.size:
+        return self
+    flat = (
+        jnp.reshape(self, -1)
+        .at[jnp.asarray(index.reshape(-1))]
+        .set(jnp.reshape(src.astype(self.dtype), -1))
+    )
+    return flat.reshape(self.shape)
 
 
 @register_lowering(aten.unfold.default)

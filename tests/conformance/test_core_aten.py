@@ -31,13 +31,7 @@ aten = torch.ops.aten
 
 # Core ATen overloads with no lowering, decomposition or UNSUPPORTED row yet. Delete a row when
 # the overload gets covered (the test fails until you do).
-KNOWN_MISSING: dict[str, str] = {
-    "aten._embedding_bag.default": "nn.EmbeddingBag; lower with gather + segment sums",
-    "aten._native_batch_norm_legit.default": "batch norm without running stats",
-    "aten.grid_sampler_2d.default": "F.grid_sample",
-    "aten.masked_scatter.default": "Tensor.masked_scatter_; lowerable with a cumsum gather",
-    "aten.randperm.default": "torch.randperm; jax.random.permutation with a torch-derived key",
-}
+KNOWN_MISSING: dict[str, str] = {}
 
 
 CORE = core_aten_overloads()
