@@ -258,72 +258,25 @@ def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divi
 
 # aten::avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0,
 #   bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
-@register_lowering(aten.avg_pool2d.default)
-def avg_pool2d(
-    ctx,
-    self,
-    kernel_size,
-    stride=(),
-    padding=0,
-    ceil_mode=False,
-    count_include_pad=True,
-    divisor_override=None,
-):
-    return avg_pool(
-        self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2
-    )
+# (avg_pool3d: the same with int[3]; the *_backward ops take grad_output first, then these.)
+def _avg_pool_lowerings(n: int, forward, backward) -> None:
+    @register_lowering(forward)
+    def avg_pool_nd(ctx, self, kernel_size, stride=(), padding=0, ceil_mode=False,
+                    count_include_pad=True, divisor_override=None):
+        return avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override, n)
+
+    @register_lowering(backward)
+    def avg_pool_nd_backward(ctx, grad_output, self, kernel_size, stride, padding, ceil_mode,
+                             count_include_pad, divisor_override):
+        f = lambda x: avg_pool(  # noqa: E731
+            x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n
+        )
+        return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
 
 
-@register_lowering(aten.avg_pool3d.default)
-def avg_pool3d(
-    ctx,
-    self,
-    kernel_size,
-    stride=(),
-    padding=0,
-    ceil_mode=False,
-    count_include_pad=True,
-    divisor_override=None,
-):
-    return avg_pool(
-        self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3
-    )
-
-
-@register_lowering(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(
-    ctx,
-    grad_output,
-    self,
-    kernel_size,
-    stride,
-    padding,
-    ceil_mode,
-    count_include_pad,
-    divisor_override,
-):
-    f = lambda x: avg_pool(
-        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2
-    )
-    return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
-
-
-@register_lowering(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(
-    ctx,
-    grad_output,
-    self,
-    kernel_size,
-    stride,
-    padding,
-    ceil_mode,
-    count_include_pad,
-    divisor_override,
-):
-    f = lambda x: avg_pool(
-        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3
-    )
-    return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
+_avg_pool_lowerings(2, aten.avg_pool2d.default, aten.avg_pool2d_backward.default)
+_avg_pool_lowerings(3, aten.avg_pool3d.default, aten.avg_pool3d_backward.default)
 
 
 def _adaptive_matrix(size, out):
