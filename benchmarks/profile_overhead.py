@@ -21,6 +21,17 @@ import torch
 from benchmarks.suite import _mlp
 
 
+def _warm_compiled_mlp(batch: int, d: int):
+    """The benchmark MLP compiled with backend="tpu", called 200 times; and its input."""
+    torch.manual_seed(0)
+    compiled = torch.compile(_mlp(d).eval(), backend="tpu")
+    x = torch.randn(batch, d)
+    with torch.no_grad():
+        for _ in range(200):
+            compiled(x)
+    return compiled, x
+
+
 def profile(batch: int = 1, d: int = 64, calls: int = 20000, top: int = 25) -> str:
     """Profile ``calls`` calls of the compiled MLP; returns the report text.
 
@@ -29,13 +40,8 @@ def profile(batch: int = 1, d: int = 64, calls: int = 20000, top: int = 25) -> s
         calls: how many calls to profile (the report divides by it).
         top: rows per table.
     """
-    torch.manual_seed(0)
-    model = _mlp(d).eval()
-    x = torch.randn(batch, d)
-    compiled = torch.compile(model, backend="tpu")
+    compiled, x = _warm_compiled_mlp(batch, d)
     with torch.no_grad():
-        for _ in range(200):
-            compiled(x)
         start = time.perf_counter()
         for _ in range(calls):
             compiled(x)
@@ -150,13 +156,8 @@ def pyinstrument_tree(batch: int = 1, d: int = 64, calls: int = 20000) -> str:
     """pyinstrument's call tree of ``calls`` calls (requires pyinstrument)."""
     from pyinstrument import Profiler
 
-    torch.manual_seed(0)
-    model = _mlp(d).eval()
-    x = torch.randn(batch, d)
-    compiled = torch.compile(model, backend="tpu")
+    compiled, x = _warm_compiled_mlp(batch, d)
     with torch.no_grad():
-        for _ in range(200):
-            compiled(x)
         prof = Profiler(interval=0.0001)
         prof.start()
         for _ in range(calls):
