@@ -136,6 +136,86 @@ def test_in_place_ops_on_inputs():
     check_fn(fn, torch.randn(4), torch.randn(4))
 
 
+class _CountDirect:
+    """Counts calls that reach a graph without AOTAutograd's runtime wrapper."""
+
+    def __init__(self, monkeypatch):
+        from tpu_inductor.runtime import CompiledGraph
+
+        self.calls = 0
+        original = CompiledGraph.call_unboxed
+
+        def spy(graph, *args):
+            self.calls += 1
+            return original(graph, *args)
+
+        monkeypatch.setattr(CompiledGraph, "call_unboxed", spy)
+
+
+def test_clean_inference_graph_skips_aotautograd_wrapper(monkeypatch):
+    direct = _CountDirect(monkeypatch)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = model(x)
+        f = torch.compile(model, backend="tpu")
+        assert_same(f(x), expected)
+        assert_same(f(x), expected)
+    assert direct.calls == 2
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["input_mutation", "buffer_mutation", "output_is_input", "output_is_view", "same_output_twice",
+     "grad_enabled_outputs"],
+)
+def test_graphs_that_need_aotautograd_wrapper_keep_it(monkeypatch, case):
+    """Mutations, views of inputs and autograd need AOTAutograd's runtime wrapper: those graphs
+    keep it. Every case matches eager: values, aliasing, mutated inputs and buffers. (An input
+    returned as is, or one tensor returned twice, never reaches the backend: Dynamo rebuilds
+    those outputs itself, so those graphs may be called directly.)"""
+    direct = _CountDirect(monkeypatch)
+    if case == "buffer_mutation":  # BatchNorm in train mode updates its running stats
+        model = nn.BatchNorm1d(4).train()
+        eager_model = nn.BatchNorm1d(4).train()
+        x = torch.randn(6, 4)
+        with torch.no_grad():
+            expected = eager_model(x)
+            actual = torch.compile(model, backend="tpu")(x)
+        assert_same(actual, expected)
+        assert_same(model.running_mean, eager_model.running_mean)
+        assert_same(model.running_var, eager_model.running_var)
+        assert_same(model.num_batches_tracked, eager_model.num_batches_tracked)
+        assert direct.calls == 0
+        return
+    fns = {
+        "input_mutation": lambda x: x.mul_(2).sum(),
+        "output_is_input": lambda x: (x, x * 2),
+        "output_is_view": lambda x: (x.view(-1), x + 1),
+        "same_output_twice": lambda x: (lambda y: (y, y))(x * 3),
+        "grad_enabled_outputs": lambda x: x * 2,
+    }
+    fn = fns[case]
+    x = torch.randn(2, 3, requires_grad=case == "grad_enabled_outputs")
+    x_eager = x.detach().clone().requires_grad_(x.requires_grad)
+    grad_ctx = torch.enable_grad() if case == "grad_enabled_outputs" else torch.no_grad()
+    with grad_ctx:
+        expected = fn(x_eager)
+        actual = compiled(fn)(x)
+    assert_same(actual, expected)
+    assert_same(x, x_eager, what="input after the call")
+    if case in ("output_is_input", "output_is_view"):
+        assert actual[0].data_ptr() == x.data_ptr()  # eager returns the input's storage too
+    if case == "same_output_twice":
+        assert actual[0] is actual[1]
+    if case == "grad_enabled_outputs":
+        actual.sum().backward()
+        expected.sum().backward()
+        assert_same(x.grad, x_eager.grad)
+    if case not in ("output_is_input", "same_output_twice"):
+        assert direct.calls == 0
+
+
 def test_in_place_on_int64_input_beyond_int32():
     def fn(x):
         x.add_(2**33)

@@ -74,7 +74,15 @@ def tpu_backend(
             warm = export_cache.load(opts.cache_dir, export_key, device)
             if warm is not None:
                 return warm
-    return _aot_backend(opts, device, export_key, len(example_inputs))(gm, example_inputs)
+    direct: list[CompiledGraph] = []
+    aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct)(
+        gm, example_inputs
+    )
+    if direct:
+        # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
+        # executable's runtime directly (~10 us less per call on a 2-core CPU host).
+        return direct[0].call_unboxed
+    return aot_compiled
 
 
 def tpu_inductor_backend(
@@ -117,18 +125,28 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
     return (precision, opts.check_meta, opts.max_executables, opts.pad_to, str(device))
 
 
-def _aot_backend(opts: Options, device: jax.Device, export_key: str | None, n_inputs: int):
+def _aot_backend(
+    opts: Options,
+    device: jax.Device,
+    export_key: str | None,
+    n_inputs: int,
+    direct: list[CompiledGraph],
+):
+    """AOTAutograd with our compilers. An inference graph AOTAutograd passes through unchanged
+    is appended to ``direct`` (and saved for warm starts when ``export_key`` is set)."""
+
     def compiler(kind: str):
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             static = capture.static_input_positions() if kind != "backward" else ()
             compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
             if (
                 kind == "inference"
-                and export_key is not None
                 and isinstance(compiled, CompiledGraph)
-                and export_cache.exportable(compiled.lowered, n_inputs)
+                and capture.passes_through(compiled.lowered, n_inputs)
             ):
-                export_cache.save(opts.cache_dir, export_key, compiled.lowered, static)
+                direct.append(compiled)
+                if export_key is not None:
+                    export_cache.save(opts.cache_dir, export_key, compiled.lowered, static)
             return compiled
 
         return compile_fn

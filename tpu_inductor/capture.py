@@ -49,8 +49,35 @@ def aot_backend(fw_compiler: Callable, bw_compiler: Callable, inference_compiler
     )
 
 
+def _fw_metadata():
+    ctx = torch._guards.TracingContext.try_get()
+    return getattr(ctx, "fw_metadata", None) if ctx is not None else None
+
+
 def static_input_positions() -> tuple[int, ...]:
     """Positions of parameters and buffers among the current forward graph's inputs."""
-    ctx = torch._guards.TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-    return tuple(getattr(meta, "static_input_indices", None) or ())
+    return tuple(getattr(_fw_metadata(), "static_input_indices", None) or ())
+
+
+def passes_through(lowered, n_inputs: int) -> bool:
+    """Whether AOTAutograd's runtime wrapper has nothing to do for the inference graph being
+    compiled: its inputs and outputs are exactly the Dynamo graph's (no input mutations to copy
+    back, no outputs aliasing inputs or each other, no effect tokens, no tensor subclasses, no
+    grad-mode change, no shape symbols). Such a graph can be called straight from Dynamo.
+    """
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    meta = _fw_metadata()
+    if meta is None or lowered.scalar_outputs or lowered.dynamic:
+        return False
+    return (
+        len(lowered.input_metas) == n_inputs == len(lowered.tensor_inputs)
+        and not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+        and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+        and not getattr(meta, "tokens", None)
+        and meta.num_intermediate_bases == 0
+        and getattr(meta, "grad_enabled_mutation", None) is None
+        and not getattr(meta, "num_graphsafe_rng_states", 0)
+        and all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
+                for m in getattr(meta, "subclass_inp_meta", None) or ())
+    )

@@ -60,23 +60,6 @@ def key_for(gm: fx.GraphModule, example_inputs: Sequence, extra: tuple) -> str |
     return cache.graph_key(gm, (tuple(specs), extra, versions))
 
 
-def exportable(lowered, n_inputs: int) -> bool:
-    """Whether the current AOTAutograd inference graph equals the Dynamo graph's I/O."""
-    ctx = torch._guards.TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-    if meta is None or lowered.scalar_outputs or lowered.dynamic:
-        return False
-    from torch._functorch._aot_autograd.schemas import OutputType
-
-    return (
-        len(lowered.input_metas) == n_inputs == len(lowered.tensor_inputs)
-        and not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
-        and all(o.output_type == OutputType.non_alias for o in meta.output_info)
-        and not getattr(meta, "tokens", None)
-        and meta.num_intermediate_bases == 0
-    )
-
-
 def save(cache_dir: str, key: str, lowered, static_positions: Sequence[int]) -> None:
     """Export ``lowered`` at its (static) input shapes and write it under ``cache_dir``."""
     from jax import export

@@ -333,30 +333,50 @@ class CompiledGraph:
         self.name = name
         self._tensor_inputs = frozenset(self.lowered.tensor_inputs)
         self._scalar_outputs = self.lowered.scalar_outputs
+        # A static graph has one signature (Dynamo's guards fix every input's shape and dtype):
+        # after the first call its executable is used without rebuilding the signature.
+        self._static_exe = None
+        self._one_signature = not self.lowered.dynamic and len(self._tensor_inputs) == len(
+            self.lowered.input_metas
+        )
         # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
         self._needs_default_device = jax.devices()[0] != device
         _quiet_readonly_numpy_warning()
+
+    def call_unboxed(self, *args) -> list:
+        """The same call with Dynamo's calling convention, for graphs called without
+        AOTAutograd's runtime wrapper (see ``capture.passes_through``)."""
+        return self(list(args))
 
     def __call__(self, args: list) -> list:
         if self.pad_to is not None and not self.exes.padding_off:
             return self._call_padded(args)
         get = self.resident.get
-        tensor_inputs = self._tensor_inputs
         seed = draw_seed() if self.lowered.has_rng else None
         with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
-            arrays, statics = [], []
-            for i, a in enumerate(args):
-                if i in tensor_inputs:
-                    arrays.append(get(i, a))
-                else:
-                    statics.append(_python_scalar(a))
-            args.clear()
-            signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
+            exe = self._static_exe
+            if exe is not None:
+                arrays = [get(i, a) for i, a in enumerate(args)]
+                args.clear()
+                self.exes.hits += 1
+            else:
+                tensor_inputs = self._tensor_inputs
+                arrays, statics = [], []
+                for i, a in enumerate(args):
+                    if i in tensor_inputs:
+                        arrays.append(get(i, a))
+                    else:
+                        statics.append(_python_scalar(a))
+                args.clear()
+                signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
+                exe = self.exes.get(signature, seed, arrays, statics)
+                if self._one_signature:
+                    self._static_exe = exe
             if self._needs_default_device:
                 with jax.default_device(self.device):
-                    outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
+                    outs = exe(seed, *arrays)
             else:
-                outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
+                outs = exe(seed, *arrays)
             if self._scalar_outputs:
                 return [
                     o.item() if i in self._scalar_outputs else jax_to_tensor(o)
