@@ -161,12 +161,21 @@ def _mlp(d: int):
     return nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
 
-def _hand_jax_mlp(model):
-    """``(call, describe)``: the MLP as one ``jax.jit``, weights resident, DLPack across."""
+def _hand_jax_mlp(model, io: str = "dlpack"):
+    """The MLP written by hand as one ``jax.jit``, weights resident on the device.
+
+    ``io="dlpack"`` (the benchmark's hand-JAX contender): the input crosses by DLPack each call
+    and the output comes back by DLPack. ``io="numpy"``: zero-copy numpy views both ways, the
+    cheapest crossing measured on CPU (``python -m benchmarks.boundary``), which is what the
+    backend itself does: against it, the ratio is the backend's whole overhead. GELU is written
+    with ``erf`` exactly as the backend lowers ``aten.gelu`` (``jax.nn.gelu`` uses ``erfc``,
+    slower on XLA:CPU), so the ratio measures overhead, not a different formula.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
     import torch
+    from jax.scipy.special import erf
 
     device = jax.devices()[0]  # the best device, as the backend picks it
     hi = jax.lax.Precision.HIGHEST  # what torch's default "highest" float32 precision maps to
@@ -174,19 +183,58 @@ def _hand_jax_mlp(model):
         jax.device_put(jnp.asarray(p.detach().numpy()), device)
         for p in (model[0].weight, model[0].bias, model[2].weight, model[2].bias)
     ]
+    half, rsqrt2 = np.float32(0.5), np.float32(1 / np.sqrt(2))
 
     @jax.jit
     def f(params, x):
         w1, b1, w2, b2 = params
-        h = jax.nn.gelu(jnp.matmul(x, w1.T, precision=hi) + b1, approximate=False)
+        h = jnp.matmul(x, w1.T, precision=hi) + b1
+        h = h * half * (1.0 + erf(h * rsqrt2))
         return jnp.matmul(h, w2.T, precision=hi) + b2
 
+    if io == "numpy":
+        return lambda x: torch.from_numpy(np.asarray(f(params, x.numpy())))
     if device.platform == "cpu":
         return lambda x: torch.from_dlpack(f(params, jax.dlpack.from_dlpack(x)))
     # torch is a CPU build: outputs come back to the host through numpy, as the backend does.
     return lambda x: torch.from_numpy(
         np.asarray(f(params, jax.device_put(jax.dlpack.from_dlpack(x), device)))
     )
+
+
+def _interleaved(fns: dict[str, Callable[[], Any]], *, target_s: float, rounds: int) -> dict:
+    """Seconds per call of each function, timed in turns: round after round, each function
+    runs one batch of ``n`` calls (``n`` sized so the first function's batch lasts about
+    ``target_s``). Load that drifts over seconds then hits every function alike, so the
+    per-round ratios are steadier than ratios of times measured one after the other.
+
+    Returns ``{name: [seconds per call, one per round]}``.
+    """
+    first = next(iter(fns.values()))
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    start = time.perf_counter()
+    for _ in range(20):
+        first()
+    n = max(1, math.ceil(target_s / max((time.perf_counter() - start) / 20, 1e-7)))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    gc_was_on = gc.isenabled()
+    try:
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                gc.collect()
+                gc.disable()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / n)
+                if gc_was_on:
+                    gc.enable()
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return times
 
 
 def run_percall(
@@ -229,6 +277,7 @@ def run_percall(
             out = call()
             first = time.perf_counter() - start
             timing = time_per_call(call, target_s=target_s, repeats=repeats)
+            paired = _paired_with_hand_jax(model, x, call, target_s) if contender == "tpu" else None
         row = {
             "size": f"{batch}x{d}",
             "us": timing["median_s"] * 1e6,
@@ -240,9 +289,37 @@ def run_percall(
             "ref": checksum(ref),
             "max_abs_err": float((out - ref).abs().max()),
         }
+        if paired is not None:
+            row["paired"] = paired
         results.append(row)
         log(f"percall {contender:>8} {row['size']:>9}: {row['us']:10.1f} us/call")
     return results
+
+
+def _paired_with_hand_jax(model, x, ours: Callable[[], Any], target_s: float) -> dict[str, Any]:
+    """Ours against both hand-written JAX versions in this one process, interleaved (both sides
+    of the ratio in the same process state: all three run on JAX's thread pool)."""
+    hands = {io: _hand_jax_mlp(model, io) for io in ("dlpack", "numpy")}
+    times = _interleaved(
+        {
+            "tpu": ours,
+            "dlpack": lambda: hands["dlpack"](x),
+            "numpy": lambda: hands["numpy"](x),
+        },
+        target_s=target_s / 3,
+        rounds=15,
+    )
+    reference = ours()
+    out: dict[str, Any] = {
+        "rounds": len(times["tpu"]),
+        **{f"{io}_max_abs_err": float((hands[io](x) - reference).abs().max()) for io in hands},
+    }
+    for name, ts in times.items():
+        out[f"{name}_us"] = statistics.median(ts) * 1e6
+    for io in ("dlpack", "numpy"):
+        ratios = [a / b for a, b in zip(times["tpu"], times[io], strict=True)]
+        out[f"tpu/{io}"] = statistics.median(ratios)
+    return out
 
 
 # --- models ---------------------------------------------------------------------------------------

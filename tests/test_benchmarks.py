@@ -38,10 +38,13 @@ def test_percall_runs_in_process_and_writes_results(tmp_path):
         for r in rows:
             assert math.isfinite(r["us"]) and r["us"] > 0
             assert r["max_abs_err"] < 1e-5, (contender, r)
-    ratio = data["derived"]["percall"]["1x8"]["tpu/jax"]
-    assert math.isfinite(ratio) and ratio > 0
+    for key in ("tpu/jax", "tpu/jax-numpy"):  # from the same-process interleaved pairing
+        ratio = data["derived"]["percall"]["1x8"][key]
+        assert math.isfinite(ratio) and ratio > 0
+    paired = data["percall"]["tpu"][0]["paired"]
+    assert paired["dlpack_max_abs_err"] < 1e-5 and paired["numpy_max_abs_err"] < 1e-5
     table = report.tables(data)
-    assert "| 1x8 |" in table and "ours/hand-JAX" in table
+    assert "| 1x8 |" in table and "ours/hand-JAX numpy I/O" in table
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "smoke.png").stat().st_size > 0
 
