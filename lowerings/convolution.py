@@ -161,23 +161,34 @@ def _window(x, kernel_size, stride, padding, dilation, ceil_mode, n):
     )
 
 
-def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n):
-    """Max pooling with torch's flat per-plane indices (first max wins, NaN is max)."""
+def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n, indices=True):
+    """Max pooling with torch's flat per-plane indices (first max wins; NaN is max, the last
+    NaN of a window wins).
+
+    With ``indices=False`` (nothing reads them, e.g. in inference) the values come from a plain
+    max window, ~6x faster on XLA:CPU than the (value, index) pair reduction, and the indices
+    are ``None``.
+    """
     dims, strides, pads, dil = _window(x, kernel_size, stride, padding, dilation, ceil_mode, n)
-    spatial = x.shape[-n:]
-    flat = jnp.arange(int(np.prod(spatial)), dtype=jnp.int64).reshape(spatial)
-    idx = jnp.broadcast_to(flat, x.shape)
     if jnp.issubdtype(x.dtype, jnp.floating):
         init = jnp.array(-jnp.inf, x.dtype)
     else:
         init = jnp.array(jnp.iinfo(x.dtype).min, x.dtype)
+    if not indices:
+        # NOTE: XLA's max propagates NaN, like torch's max pooling.
+        return lax.reduce_window(x, init, lax.max, dims, strides, pads, window_dilation=dil), None
+    spatial = x.shape[-n:]
+    flat = jnp.arange(int(np.prod(spatial)), dtype=jnp.int64).reshape(spatial)
+    idx = jnp.broadcast_to(flat, x.shape)
 
     def pick(a, b):
         av, ai = a
         bv, bi = b
         take_a = (av > bv) | ((av == bv) & (ai < bi)) | (jnp.isnan(av) & ~jnp.isnan(bv))
         if jnp.issubdtype(av.dtype, jnp.floating):
-            take_a = take_a | (jnp.isnan(av) & jnp.isnan(bv) & (ai < bi))
+            # NOTE: torch's CPU kernel replaces its running max with every NaN it meets, so
+            # among NaNs the last one in the window wins.
+            take_a = take_a | (jnp.isnan(av) & jnp.isnan(bv) & (ai > bi))
         return jnp.where(take_a, av, bv), jnp.where(take_a, ai, bi)
 
     vals, inds = lax.reduce_window(
@@ -197,14 +208,18 @@ def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n):
 def max_pool2d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
 ):
-    return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
+    return max_pool(
+        self, kernel_size, stride, padding, dilation, ceil_mode, 2, ctx.uses_output(1)
+    )
 
 
 @register_lowering(aten.max_pool3d_with_indices.default)
 def max_pool3d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
 ):
-    return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3)
+    return max_pool(
+        self, kernel_size, stride, padding, dilation, ceil_mode, 3, ctx.uses_output(1)
+    )
 
 
 def _max_pool_backward(grad_output, self, indices, n):

@@ -10,6 +10,7 @@ implicit promotion.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,6 +59,14 @@ class LoweringContext:
         """The concrete shape torch gives this node's output (symbolic sizes evaluated)."""
         val = self.out if index is None else self.out[index]
         return concrete_shape(val.shape, self.bindings)
+
+    def uses_output(self, index: int) -> bool:
+        """Whether anything in the graph reads output ``index`` of this multi-output node (a
+        lowering may then skip computing an unread output, e.g. pooling indices in inference)."""
+        users = getattr(self.node, "users", None)
+        if users is None:  # not a plain FX node (a with_effects view): assume it is read
+            return True
+        return any(u.target is not operator.getitem or u.args[1] == index for u in users)
 
     def key(self) -> jax.Array:
         """A fresh PRNG key derived from torch's generator for this call and this node."""

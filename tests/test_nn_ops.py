@@ -1,6 +1,7 @@
 """Backward passes and random ops the OpInfo suite does not reach (it runs forward only):
-grid sampling, adaptive/fractional max pooling, EmbeddingBag, the bilinear layer, the fused
-linear cross-entropy, and randperm/multinomial/rrelu statistics."""
+grid sampling, max pooling with and without indices, adaptive/fractional max pooling,
+EmbeddingBag, the bilinear layer, the fused linear cross-entropy, and randperm/multinomial/rrelu
+statistics."""
 
 from __future__ import annotations
 
@@ -26,6 +27,25 @@ def _check_grads(fn, *args, atol=1e-5, rtol=1e-4):
     ref, ref_grads = _grads(fn, *args)
     assert_same(out, ref, atol, rtol)
     assert_same(grads, ref_grads, atol, rtol, what="grads")
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize("return_indices", [False, True])
+def test_max_pool_values_with_and_without_indices(dims, dtype, return_indices):
+    """Without indices (inference) the values come from a plain max window: same values as
+    eager, NaN still wins, padding never does; with indices, torch's first-max indices."""
+    torch.manual_seed(0)
+    shape = (2, 3) + (9, 8, 7)[:dims]
+    x = torch.randint(-3, 3, shape).to(dtype)  # many ties
+    if dtype.is_floating_point:
+        x[0, 0, 1, 1] = float("nan")
+        x = x - 10.0  # every value negative: a zero-padded window would be wrong
+    pool = F.max_pool2d if dims == 2 else F.max_pool3d
+    fn = lambda x: pool(x, 3, 2, 1, ceil_mode=True, return_indices=return_indices)  # noqa: E731
+    assert_same(compiled(fn)(x), fn(x))
+    if dtype.is_floating_point and not return_indices:
+        _check_grads(lambda x: pool(x.nan_to_num(), 3, 2, 1), x)  # training keeps the indices
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
