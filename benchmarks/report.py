@@ -150,8 +150,8 @@ def tables(results: dict[str, Any]) -> str:
             "(median of repeats, each contender in its own process); ratios are ours/theirs "
             "(below 1: ours faster). The two hand-JAX ratios are measured in one process, ours "
             "and hand-written `jax.jit` taking turns (median of per-round ratios): hand-JAX "
-            "crosses by DLPack in and out (the issue's floor); \"numpy I/O\" crosses by "
-            "zero-copy numpy views as the backend does, so that ratio is our whole overhead.\n"
+            "crosses by DLPack in and out; \"numpy I/O\" crosses by zero-copy numpy views as "
+            "the backend does, so that ratio is everything the backend and Dynamo add.\n"
         )
         head = ["batch x d"] + [_LABEL[c] for c in contenders]
         head += ["ours/hand-JAX", "ours/hand-JAX numpy I/O", "ours/eager", "ours/inductor"]

@@ -347,3 +347,30 @@ def test_persistent_cache_dir_warm_start_in_a_new_process(tmp_path):
 def test_jax_sees_x64_only_inside_calls():
     compiled(lambda x: x + 1)(torch.ones(2, dtype=torch.int64))
     assert not jax.config.jax_enable_x64
+
+
+def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
+    from tpu_inductor import runtime
+
+    seen = []
+    original = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kw):
+        seen.append(compiler_options)
+        return original(self, compiler_options=compiler_options, **kw)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert_same(torch.compile(conv, backend="tpu")(x), conv(x))
+    assert seen and all(o == runtime.CPU_COMPILER_OPTIONS for o in seen), seen
+
+
+def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):
+    from tpu_inductor import runtime
+
+    monkeypatch.setattr(runtime, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
+    monkeypatch.setattr(runtime, "_rejected_options", set())
+    check_fn(lambda x: torch.relu(x) * 2, torch.randn(5))
+    assert runtime._rejected_options == {"xla_cpu_no_such_option"}

@@ -189,7 +189,9 @@ def compile_graph(
         lowered = lower_graph(gm, precision=precision, check_meta=opts.check_meta)
         name = f"graph{next(_graph_ids)}-{kind}"
         dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
-        return Executables(lowered, opts.max_executables, name, dump, time.perf_counter() - t0)
+        return Executables(
+            lowered, opts.max_executables, name, dump, time.perf_counter() - t0, platform
+        )
 
     exes = cache.get_or_create(key, create)
     compiled = CompiledGraph(

@@ -28,8 +28,10 @@ from tpu_inductor import cache
 from tpu_inductor.runtime import (
     ResidentInputs,
     _quiet_readonly_numpy_warning,
+    compile_lowered,
     draw_seed,
     jax_to_tensor,
+    platform_of,
 )
 
 log = logging.getLogger("tpu_inductor")
@@ -119,17 +121,14 @@ class ExportedGraph:
         self.ops = payload["ops"]
         self.device = device
         with jax.enable_x64(True), jax.default_device(device):
-            self._exe = (
-                jax.jit(exported.call)
-                .lower(
-                    jax.ShapeDtypeStruct((2,), np.uint32) if self.has_rng else None,
-                    *[
-                        jax.ShapeDtypeStruct(a.shape, a.dtype)
-                        for a in exported.in_avals[1 if self.has_rng else 0 :]
-                    ],
-                )
-                .compile()
+            lowered = jax.jit(exported.call).lower(
+                jax.ShapeDtypeStruct((2,), np.uint32) if self.has_rng else None,
+                *[
+                    jax.ShapeDtypeStruct(a.shape, a.dtype)
+                    for a in exported.in_avals[1 if self.has_rng else 0 :]
+                ],
             )
+            self._exe = compile_lowered(lowered, platform_of(device))
         _quiet_readonly_numpy_warning()
         cache.STATS.exports_loaded += 1
 

@@ -58,6 +58,31 @@ def select_device(name: str | None) -> jax.Device:
     )
 
 
+# NOTE: XLA:CPU (jaxlib 0.10) hands convolutions and the ops around them to YNNPACK as one large
+# fusion that re-lays-out every NCHW weight on each call: ResNet-18 inference took 29 ms against
+# 14 ms with YNNPACK kept to single matmuls, matmul-heavy transformers unchanged (2-core CPU host,
+# one thread). So CPU executables are compiled with this option; it is per executable, never set
+# globally, and dropped (once, with a log line) by a jaxlib that doesn't know it.
+CPU_COMPILER_OPTIONS = {
+    "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+}
+_rejected_options: set[str] = set()
+
+
+def compile_lowered(lowered, platform: str):
+    """``lowered.compile()`` with this platform's compiler options (see above)."""
+    options = CPU_COMPILER_OPTIONS if platform == "cpu" else {}
+    options = {k: v for k, v in options.items() if k not in _rejected_options}
+    if not options:
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=options)
+    except Exception as e:  # an option this jaxlib doesn't know: compile without it
+        _rejected_options.update(options)
+        log.info("compiling without %s: %s", sorted(options), e)
+        return lowered.compile()
+
+
 def platform_of(device: jax.Device) -> str:
     """``"tpu"``, ``"gpu"`` or ``"cpu"`` (CUDA and ROCm devices both count as ``"gpu"``)."""
     return "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
@@ -213,8 +238,10 @@ class Executables:
         name: str,
         dump_dir: pathlib.Path | None = None,
         lower_seconds: float = 0.0,
+        platform: str = "cpu",
     ):
         self.lowered = lowered
+        self.platform = platform
         self.max_entries = max_entries
         self.name = name
         self.dump_dir = dump_dir
@@ -260,7 +287,7 @@ class Executables:
                     args[i] = next(it)
             traced = self._jitted.trace(seed, *args)
             lowered = traced.lower()
-            exe = lowered.compile()
+            exe = compile_lowered(lowered, self.platform)
             reason = self._reason(signature)
             if self.dump_dir is not None:
                 n = len(self.builds)
