@@ -294,11 +294,12 @@ _WHY = {
         "generated C++ directly (`python -m benchmarks.profile_overhead`)"
     ),
     "resnet": (
-        "not the convolutions alone: `python -m benchmarks.convs` times each of the network's "
-        "convolutions by itself and finds XLA:CPU's within ~5% of torch's oneDNN summed over "
-        "a forward at one thread (1.5-1.9x slower on the 8x8 and 4x4 maps, 3x faster on the "
-        "7x7 stem); the rest of the gap (batch norm, ReLU, residual adds and pooling fused by "
-        "XLA, against oneDNN's separate kernels) is not broken down yet"
+        "XLA:CPU's convolution path: a `jax.profiler` trace of the training step shows ~25 ms "
+        "of layout transposes around convolutions, ~30 ms of convolutions (`python -m "
+        "benchmarks.convs`: within ~5% of oneDNN summed over a forward, slower on the 8x8 and "
+        "4x4 maps) and ~10 ms of max pooling with indices (a variadic reduce-window) per step; "
+        "inference lost its worst cost, YNNPACK re-laying-out every weight per call "
+        "(`runtime.CPU_COMPILER_OPTIONS`)"
     ),
 }
 
