@@ -364,13 +364,19 @@ def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert_same(torch.compile(conv, backend="tpu")(x), conv(x))
-    assert seen and all(o == runtime.CPU_COMPILER_OPTIONS for o in seen), seen
+    assert seen and all(o == runtime.CPU_INFERENCE_OPTIONS for o in seen), seen
+    # Training graphs (forward and backward) compile with XLA's defaults.
+    seen.clear()
+    conv.train()
+    torch.compile(conv, backend="tpu")(x.requires_grad_()).sum().backward()
+    assert len(seen) == 2 and not any(seen), seen
 
 
 def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):
     from tpu_inductor import runtime
 
-    monkeypatch.setattr(runtime, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
+    monkeypatch.setattr(runtime, "CPU_INFERENCE_OPTIONS", {"xla_cpu_no_such_option": "1"})
     monkeypatch.setattr(runtime, "_rejected_options", set())
-    check_fn(lambda x: torch.relu(x) * 2, torch.randn(5))
+    with torch.no_grad():
+        check_fn(lambda x: torch.relu(x) * 2, torch.randn(5))
     assert runtime._rejected_options == {"xla_cpu_no_such_option"}

@@ -35,6 +35,7 @@ from tpu_inductor.runtime import (
     CompiledGraph,
     Executables,
     ResidentInputs,
+    compiler_options,
     platform_of,
     select_device,
 )
@@ -182,7 +183,8 @@ def compile_graph(
     platform = platform_of(device)
     check_dtypes(gm, platform)
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
-    key = cache.graph_key(gm, _config_key(opts, device))
+    options = compiler_options(platform, kind)
+    key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
 
     def create():
         t0 = time.perf_counter()
@@ -190,7 +192,7 @@ def compile_graph(
         name = f"graph{next(_graph_ids)}-{kind}"
         dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         return Executables(
-            lowered, opts.max_executables, name, dump, time.perf_counter() - t0, platform
+            lowered, opts.max_executables, name, dump, time.perf_counter() - t0, options
         )
 
     exes = cache.get_or_create(key, create)

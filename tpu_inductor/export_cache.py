@@ -29,6 +29,7 @@ from tpu_inductor.runtime import (
     ResidentInputs,
     _quiet_readonly_numpy_warning,
     compile_lowered,
+    compiler_options,
     draw_seed,
     jax_to_tensor,
     platform_of,
@@ -128,7 +129,9 @@ class ExportedGraph:
                     for a in exported.in_avals[1 if self.has_rng else 0 :]
                 ],
             )
-            self._exe = compile_lowered(lowered, platform_of(device))
+            self._exe = compile_lowered(
+                lowered, compiler_options(platform_of(device), "inference")
+            )
         _quiet_readonly_numpy_warning()
         cache.STATS.exports_loaded += 1
 

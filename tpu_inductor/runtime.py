@@ -59,20 +59,28 @@ def select_device(name: str | None) -> jax.Device:
 
 
 # NOTE: XLA:CPU (jaxlib 0.10) hands convolutions and the ops around them to YNNPACK as one large
-# fusion that re-lays-out every NCHW weight on each call: ResNet-18 inference took 29 ms against
-# 14 ms with YNNPACK kept to single matmuls, matmul-heavy transformers unchanged (2-core CPU host,
-# one thread). So CPU executables are compiled with this option; it is per executable, never set
-# globally, and dropped (once, with a log line) by a jaxlib that doesn't know it.
-CPU_COMPILER_OPTIONS = {
+# fusion that re-lays-out every NCHW weight on each call. In inference that costs ResNet-18 2x
+# (29 ms against 14 ms with YNNPACK kept to single matmuls; transformers unchanged), but a
+# training step (forward, backward, AdamW) got slower without it (102 ms against 125-134 ms),
+# so only inference executables on CPU get this option (2-core CPU host, one thread). It is
+# per executable, never set globally, and dropped (once, with a log line) by a jaxlib that
+# doesn't know it.
+CPU_INFERENCE_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
 }
 _rejected_options: set[str] = set()
 
 
-def compile_lowered(lowered, platform: str):
-    """``lowered.compile()`` with this platform's compiler options (see above)."""
-    options = CPU_COMPILER_OPTIONS if platform == "cpu" else {}
-    options = {k: v for k, v in options.items() if k not in _rejected_options}
+def compiler_options(platform: str, kind: str) -> dict:
+    """XLA compiler options for one executable: ``kind`` is the graph's kind (``"inference"``,
+    ``"forward"``, ``"backward"``, with an ``-island`` suffix for fallback pieces)."""
+    if platform != "cpu" or not kind.startswith("inference"):
+        return {}
+    return {k: v for k, v in CPU_INFERENCE_OPTIONS.items() if k not in _rejected_options}
+
+
+def compile_lowered(lowered, options: dict):
+    """``lowered.compile()`` with ``options``; without them if this jaxlib rejects them."""
     if not options:
         return lowered.compile()
     try:
@@ -238,10 +246,10 @@ class Executables:
         name: str,
         dump_dir: pathlib.Path | None = None,
         lower_seconds: float = 0.0,
-        platform: str = "cpu",
+        compiler_options: dict | None = None,
     ):
         self.lowered = lowered
-        self.platform = platform
+        self.compiler_options = compiler_options or {}
         self.max_entries = max_entries
         self.name = name
         self.dump_dir = dump_dir
@@ -287,7 +295,7 @@ class Executables:
                     args[i] = next(it)
             traced = self._jitted.trace(seed, *args)
             lowered = traced.lower()
-            exe = compile_lowered(lowered, self.platform)
+            exe = compile_lowered(lowered, self.compiler_options)
             reason = self._reason(signature)
             if self.dump_dir is not None:
                 n = len(self.builds)
