@@ -2,8 +2,9 @@
 
 Compiles the benchmark MLP (``Linear(d,4d) -> GELU -> Linear(4d,d)``, default 1x64, inference)
 with ``backend="tpu"`` and prints (1) the per-call time peeled layer by layer, unprofiled:
-Dynamo + AOTAutograd wrappers, our runtime, the XLA executable, against hand-written JAX; (2)
-cProfile's top functions by own and cumulative time, in µs per call. With ``--pyinstrument``
+Dynamo (plus AOTAutograd's wrapper for graphs that need one), our runtime, the XLA executable,
+against hand-written JAX; (2) cProfile's top functions by own and cumulative time, in µs per
+call. With ``--pyinstrument``
 (``pip install pyinstrument``) it also prints pyinstrument's call tree.
 """
 
@@ -124,7 +125,7 @@ def layers(
         )
         under_dynamo(x)
         rows = [
-            ("compiled(x)  [Dynamo + AOTAutograd + ours + XLA]", lambda: compiled(x)),
+            ("compiled(x)  [Dynamo + ours + XLA]", lambda: compiled(x)),
             ("CompiledGraph.__call__(args)  [ours + XLA]", lambda: graph(list(args))),
             (
                 "executable(*arrays) + np.asarray(outputs)  [XLA]",
