@@ -44,6 +44,21 @@ def log(msg: str) -> None:
 # --- timing ---------------------------------------------------------------------------------------
 
 
+def _batch_seconds(fn: Callable[[], Any], n: int) -> float:
+    """Seconds per call of ``n`` back-to-back calls, garbage collector off (as in ``timeit``)."""
+    gc_was_on = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
 def time_per_call(
     fn: Callable[[], Any], *, target_s: float, repeats: int, warmup: int = 3
 ) -> dict[str, Any]:
@@ -73,21 +88,7 @@ def time_per_call(
             fn()
         estimate = max((time.perf_counter() - start) / min(n, 50), 1e-7)
         n = max(1, min(1_000_000, math.ceil(target_s / estimate)))
-    samples = []
-    gc_was_on = gc.isenabled()
-    try:
-        for _ in range(repeats):
-            gc.collect()
-            gc.disable()
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples.append((time.perf_counter() - start) / n)
-            if gc_was_on:
-                gc.enable()
-    finally:
-        if gc_was_on:
-            gc.enable()
+    samples = [_batch_seconds(fn, n) for _ in range(repeats)]
     return {
         "median_s": statistics.median(samples),
         "min_s": min(samples),
@@ -219,21 +220,9 @@ def _interleaved(fns: dict[str, Callable[[], Any]], *, target_s: float, rounds: 
         first()
     n = max(1, math.ceil(target_s / max((time.perf_counter() - start) / 20, 1e-7)))
     times: dict[str, list[float]] = {name: [] for name in fns}
-    gc_was_on = gc.isenabled()
-    try:
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                gc.collect()
-                gc.disable()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                times[name].append((time.perf_counter() - t0) / n)
-                if gc_was_on:
-                    gc.enable()
-    finally:
-        if gc_was_on:
-            gc.enable()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(_batch_seconds(fn, n))
     return times
 
 

@@ -81,7 +81,8 @@ def tpu_backend(
     )
     if direct:
         # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
-        # executable's runtime directly (~10 us less per call on a 2-core CPU host).
+        # executable's runtime directly (~8 us less per call at 1x64 on a 2-core CPU host,
+        # python -m benchmarks.profile_overhead).
         return direct[0].call_unboxed
     return aot_compiled
 

@@ -87,10 +87,17 @@ def compile_lowered(lowered, options: dict):
         return lowered.compile()
     try:
         return lowered.compile(compiler_options=options)
-    except Exception as e:  # an option this jaxlib doesn't know: compile without it
-        _rejected_options.update(options)
-        log.info("compiling without %s: %s", sorted(options), e)
-        return lowered.compile()
+    except Exception as e:
+        # Only an error naming one of our options means this jaxlib doesn't know it; any other
+        # compile error is the user's and propagates unchanged.
+        unknown = {k for k in options if k in str(e)}
+        if not unknown:
+            raise
+        _rejected_options.update(unknown)
+        log.info("compiling without %s: %s", sorted(unknown), e)
+        return lowered.compile(
+            compiler_options={k: v for k, v in options.items() if k not in unknown} or None
+        )
 
 
 def platform_of(device: jax.Device) -> str:
