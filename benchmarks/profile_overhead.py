@@ -117,7 +117,7 @@ def layers(
         graph, args = captured[-1]
         (exe,) = graph.exes.entries.values()
         with jax.enable_x64(True):
-            arrays = [graph.resident.get(i, a) for i, a in enumerate(args)]
+            arrays = [graph._input(i, a) for i, a in enumerate(args)]
         hand = _hand_jax_mlp(model)
         hand_np = _hand_jax_mlp(model, "numpy")
         under_dynamo = torch.compile(

@@ -34,7 +34,6 @@ from tpu_inductor.partition import split_for_fallback
 from tpu_inductor.runtime import (
     CompiledGraph,
     Executables,
-    ResidentInputs,
     compiler_options,
     platform_of,
     select_device,
@@ -124,7 +123,14 @@ def _is_ours(value: str) -> bool:
 def _config_key(opts: Options, device: jax.Device) -> tuple:
     """Everything besides the graph that changes what a graph compiles to."""
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
-    return (precision, opts.check_meta, opts.max_executables, opts.pad_to, str(device))
+    return (
+        precision,
+        opts.check_meta,
+        opts.max_executables,
+        opts.pad_to,
+        opts.transfers,
+        str(device),
+    )
 
 
 def _aot_backend(
@@ -141,6 +147,8 @@ def _aot_backend(
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             static = capture.static_input_positions() if kind != "backward" else ()
             compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
+            if kind == "forward":
+                capture.never_donate_backward_buffers()
             if (
                 kind == "inference"
                 and isinstance(compiled, CompiledGraph)
@@ -174,7 +182,8 @@ def compile_graph(
         static_positions: inputs that are parameters/buffers, kept resident on the device.
 
     Returns:
-        A boxed callable taking and returning torch tensors.
+        A boxed callable taking and returning torch tensors (saved activations of a training
+        forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
     if opts.fallback == "eager" and any(
         n.op == "call_function" and not is_lowerable(n) for n in gm.graph.nodes
@@ -186,22 +195,38 @@ def compile_graph(
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     options = compiler_options(platform, kind)
     key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
+    n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
+    saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
+    n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    bumped = capture.bumped_mutation_inputs(n_inputs) if kind != "backward" else frozenset()
 
     def create():
         t0 = time.perf_counter()
         lowered = lower_graph(gm, precision=precision, check_meta=opts.check_meta)
         name = f"graph{next(_graph_ids)}-{kind}"
         dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
+        # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
+        donate = [m.input_index for m in lowered.mutations] if platform != "cpu" else []
         return Executables(
-            lowered, opts.max_executables, name, dump, time.perf_counter() - t0, options
+            lowered,
+            opts.max_executables,
+            name,
+            dump,
+            time.perf_counter() - t0,
+            options,
+            transfers=opts.transfers,
+            donate=donate,
         )
 
     exes = cache.get_or_create(key, create)
     compiled = CompiledGraph(
         exes,
         device,
-        ResidentInputs(static_positions, device),
-        name=kind,
+        kind,
+        static_positions=static_positions,
+        saved_outputs=saved,
+        bumped=bumped,
+        backward=kind.startswith("backward"),
         pad_to=opts.pad_to,
         gm=gm if opts.pad_to else None,
     )

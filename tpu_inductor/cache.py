@@ -34,7 +34,6 @@ class CacheStats:
     graphs: int = 0  # graphs handed to the backend's compilers
     hits: int = 0  # of those, found already lowered and jitted
     traces: int = 0  # times a lowered graph was traced by jax.jit (one per new input signature)
-    transfers: int = 0  # parameters/buffers imported to the device (not reused from residency)
     exports_loaded: int = 0  # inference graphs reused from the warm-start cache on disk
 
     def reset(self) -> None:
@@ -97,16 +96,20 @@ def get_or_create(key: str, create: Callable[[], object]) -> object:
 
 
 def clear() -> None:
-    """Forget every cached executable, the report's history and the counters.
+    """Forget every cached executable, device copy, the report's history and the counters.
 
     The persistent cache on disk is left alone. Exposed as ``tpu_inductor.reset()``; call
     ``torch._dynamo.reset()`` too so Dynamo drops the compiled frames that use them.
     """
+    from tpu_inductor import residency, transfers
+
     with _lock:
         _entries.clear()
         COMPILED.clear()
         FALLBACK_OPS.clear()
         STATS.reset()
+        transfers.TOTAL.reset()
+        residency.VALUES.clear()
 
 
 def enable_persistent_cache(path: str) -> None:

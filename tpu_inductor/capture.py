@@ -45,13 +45,45 @@ def aot_backend(fw_compiler: Callable, bw_compiler: Callable, inference_compiler
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
         decompositions=decomposition_table(),
-        keep_inference_input_mutations=False,
+        # In-graph input mutations arrive as copy_(input, new) nodes, so the new value can stay
+        # on the device as the input's current value (residency.py) instead of AOTAutograd
+        # copying it back through the host outside the graph.
+        keep_inference_input_mutations=True,
     )
 
 
 def _fw_metadata():
     ctx = torch._guards.TracingContext.try_get()
     return getattr(ctx, "fw_metadata", None) if ctx is not None else None
+
+
+def saved_output_positions(num_outputs: int) -> tuple[int, ...]:
+    """Positions among the forward graph being compiled's outputs that AOTAutograd saves for
+    backward (tensors only), or ``()`` when it is not a training forward."""
+    meta = _fw_metadata()
+    if meta is None or getattr(meta, "num_symints_saved_for_bw", None) is None:
+        return ()
+    return tuple(range(*meta.tensors_saved_for_backwards_slice.indices(num_outputs)))
+
+
+def bumped_mutation_inputs(num_inputs: int) -> frozenset[int]:
+    """Graph inputs whose version AOTAutograd raises by one right before each call (inputs
+    mutated in the graph, where autograd sees the mutation), as graph input positions."""
+    meta = _fw_metadata()
+    if meta is None:
+        return frozenset()
+    seen = getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", None) or ()
+    offset = num_inputs - len(meta.input_info)  # effect tokens come first
+    return frozenset(i + offset for i in seen) if offset >= 0 else frozenset()
+
+
+def never_donate_backward_buffers() -> None:
+    """We never donate a saved tensor to the backward, so tell AOTAutograd; otherwise it
+    refuses ``backward(retain_graph=True)`` after a first backward (it assumes, as for
+    Inductor, that saved buffers were reused)."""
+    meta = _fw_metadata()
+    if meta is not None and getattr(meta, "bw_donated_idxs", None):
+        meta.bw_donated_idxs = []
 
 
 def static_input_positions() -> tuple[int, ...]:
@@ -68,7 +100,7 @@ def passes_through(lowered, n_inputs: int) -> bool:
     from torch._functorch._aot_autograd.schemas import OutputType
 
     meta = _fw_metadata()
-    if meta is None or lowered.scalar_outputs or lowered.dynamic:
+    if meta is None or lowered.scalar_outputs or lowered.dynamic or not lowered.plain_outputs:
         return False
     return (
         len(lowered.input_metas) == n_inputs == len(lowered.tensor_inputs)

@@ -18,6 +18,7 @@ from tpu_inductor.errors import InvalidOptionError
 
 DEVICES = ("tpu", "gpu", "cpu")
 FALLBACKS = ("eager", "error")
+TRANSFER_POLICIES = ("count", "log", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,10 @@ class Options:
             StableHLO, are written (for debugging), or ``None``.
         pad_to: shape buckets for dynamic graphs: ``"pow2"`` or a list of sizes; symbolic
             sizes are padded up to their bucket and outputs sliced back (see buckets.py).
+        transfers: ``"count"`` counts every host <-> device crossing (``report().transfers``);
+            ``"log"`` also logs each unexpected one in steady state (a parameter re-sent, a
+            saved activation brought to the host); ``"error"`` raises
+            :class:`~tpu_inductor.errors.TransferError` for it (see transfers.py).
     """
 
     device: str | None = None
@@ -50,6 +55,7 @@ class Options:
     max_executables: int = 64
     dump_dir: str | None = None
     pad_to: str | tuple[int, ...] | None = None
+    transfers: str = "count"
 
 
 _ENV = {
@@ -61,12 +67,14 @@ _ENV = {
     "max_executables": "TPU_INDUCTOR_MAX_EXECUTABLES",
     "dump_dir": "TPU_INDUCTOR_DUMP_DIR",
     "pad_to": "TPU_INDUCTOR_PAD_TO",
+    "transfers": "TPU_INDUCTOR_TRANSFERS",
 }
 
 _CHOICES = {
     "device": DEVICES,
     "fallback": FALLBACKS,
     "matmul_precision": ("highest", "high", "medium"),
+    "transfers": TRANSFER_POLICIES,
 }
 
 

@@ -153,9 +153,9 @@ def find_divergence(
 
 
 def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Divergence | None:
+    from tpu_inductor.boundary import tensor_to_jax
     from tpu_inductor.lower import PRECISIONS, _meta_of, describe_node, user_frame
     from tpu_inductor.lowerings import LOWERINGS, LoweringContext
-    from tpu_inductor.runtime import tensor_to_jax
 
     device = jax.devices("cpu")[0]
     precision = PRECISIONS[torch.get_float32_matmul_precision()]

@@ -60,3 +60,11 @@ class ShapeMismatchError(TpuInductorError):
 
 class FallbackWarning(UserWarning):
     """Some ops of a graph run in torch on the CPU because they have no lowering."""
+
+
+class TransferError(TpuInductorError):
+    """A value crossed between host and device in steady state where nothing should cross.
+
+    Raised only with ``options={"transfers": "error"}``; the message names the graph, the value
+    (its position, shape and dtype), the bytes, why it crossed and what avoids it.
+    """

@@ -25,15 +25,16 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tpu_inductor import cache
+from tpu_inductor.boundary import quiet_readonly_numpy_warning
 from tpu_inductor.runtime import (
-    ResidentInputs,
-    _quiet_readonly_numpy_warning,
     compile_lowered,
     compiler_options,
+    device_input,
     draw_seed,
-    jax_to_tensor,
+    output_to_host,
     platform_of,
 )
+from tpu_inductor.transfers import Counter
 
 log = logging.getLogger("tpu_inductor")
 
@@ -118,7 +119,8 @@ class ExportedGraph:
 
     def __init__(self, exported, payload: dict, device: jax.Device):
         self.has_rng = payload["has_rng"]
-        self.resident = ResidentInputs(payload["static_positions"], device)
+        self.static_positions = frozenset(payload["static_positions"])
+        self.transfers = Counter("warm-start inference graph")
         self.ops = payload["ops"]
         self.device = device
         with jax.enable_x64(True), jax.default_device(device):
@@ -132,12 +134,16 @@ class ExportedGraph:
             self._exe = compile_lowered(
                 lowered, compiler_options(platform_of(device), "inference")
             )
-        _quiet_readonly_numpy_warning()
+        quiet_readonly_numpy_warning()
         cache.STATS.exports_loaded += 1
 
     def __call__(self, *args):
-        get = self.resident.get
         seed = draw_seed() if self.has_rng else None
+        static, device, counter = self.static_positions, self.device, self.transfers
         with jax.enable_x64(True):
-            outs = self._exe(seed, *[get(i, a) for i, a in enumerate(args)])
-            return tuple(jax_to_tensor(o) for o in outs)
+            arrays = [
+                device_input(a, i, device, counter, resident=i in static)
+                for i, a in enumerate(args)
+            ]
+            outs = self._exe(seed, *arrays)
+            return tuple(output_to_host(o, counter) for o in outs)

@@ -118,6 +118,11 @@ class LoweredGraph:
             the jitted function returns them as 0-d arrays.
         dynamic: whether the graph has symbolic sizes (specialized per concrete shape).
         input_metas / output_metas: the placeholders' and outputs' ``meta["val"]``.
+        output_plan: where each declared output comes from: ``("out", k)`` is ``fn``'s k-th
+            result, ``("input", i)`` is graph input ``i`` returned as it is, ``("dup", j)`` is
+            the same value as output ``j`` (so neither is copied on the device).
+        mutations: inputs the graph updates in place (AOTAutograd's in-graph ``copy_``), whose
+            new values ``fn`` returns after the declared outputs.
     """
 
     fn: Callable
@@ -129,6 +134,30 @@ class LoweredGraph:
     input_metas: tuple = ()
     output_metas: tuple = ()
     ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    output_plan: tuple = ()
+    mutations: tuple = ()
+
+    @property
+    def plain_outputs(self) -> bool:
+        """Whether ``fn`` returns exactly the declared outputs, in order."""
+        return not self.mutations and all(
+            p == ("out", i) for i, p in enumerate(self.output_plan)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """Graph input ``input_index`` is updated in place; ``fn``'s result ``value_index`` is its
+    new value. ``delta`` says how to write only what changed on the host: ``("index_copy",
+    dim, index_result, source_result)`` or ``("slice", dim, start, end, step, source_result)``
+    (result positions in ``fn``'s output), or ``None`` to copy the whole value."""
+
+    input_index: int
+    value_index: int
+    delta: tuple | None = None
+
+
+COPY_ = torch.ops.aten.copy_.default
 
 
 # with_effects(token, op, *args) wraps ops with side effects (e.g. linalg's error checks).
@@ -138,7 +167,7 @@ WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
 def is_lowerable(node: fx.Node) -> bool:
     """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run)."""
     target = node.args[1] if node.target is WITH_EFFECTS else node.target
-    return target in LOWERINGS or target in PYTHON_OPS
+    return target in LOWERINGS or target in PYTHON_OPS or target is COPY_
 
 
 def _effect_free_view(node: fx.Node) -> Any:
@@ -249,6 +278,8 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
         i for i, m in enumerate(output_metas) if not isinstance(m, torch.Tensor | type(None))
     )
     dynamic = graph_is_dynamic(input_metas)
+    output_plan, computed = _output_plan(output_node.args[0], placeholders)
+    mutations, extra = _mutations(nodes, placeholders, len(computed))
     contexts = {
         n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args))
         for n in nodes
@@ -286,6 +317,10 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
             if node.target in PYTHON_OPS:
                 env[node] = PYTHON_OPS[node.target](*args, **kwargs)
                 continue
+            if node.target is COPY_:  # an in-graph input mutation: its value is returned
+                dst, src = args[0], args[1]
+                env[node] = jnp.broadcast_to(src.astype(dst.dtype), dst.shape)
+                continue
             ctx = contexts[node]
             if has_rng:
                 ctx.make_key = lambda: jax.random.fold_in(base_key, next(counter))
@@ -306,7 +341,7 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
             env[node] = value
         outs = []
         seen = set(input_ids)
-        for out in load(output_node.args[0]):
+        for out in [env[n] if isinstance(n, fx.Node) else n for n in computed + extra]:
             # A returned buffer must be fresh: jit forwards inputs returned as-is, and one
             # buffer returned twice would alias two torch tensors.
             if isinstance(out, jax.Array | jax.core.Tracer):
@@ -327,6 +362,65 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
         input_metas,
         output_metas,
         dict(ops),
+        output_plan,
+        mutations,
+    )
+
+
+def _output_plan(outputs, placeholders) -> tuple[tuple, list]:
+    """Each declared output's source, and the outputs ``fn`` computes (see LoweredGraph)."""
+    index_of = {p: i for i, p in enumerate(placeholders)}
+    plan, computed, first = [], [], {}
+    for j, out in enumerate(outputs):
+        if isinstance(out, fx.Node) and out in index_of:
+            plan.append(("input", index_of[out]))
+        elif isinstance(out, fx.Node) and out in first:
+            plan.append(("dup", first[out]))
+        else:
+            if isinstance(out, fx.Node):
+                first[out] = j
+            plan.append(("out", len(computed)))
+            computed.append(out)
+    return tuple(plan), computed
+
+
+def _mutations(nodes, placeholders, start: int) -> tuple[tuple, list]:
+    """The graph's in-graph input mutations (``copy_(placeholder, new)``) and the extra values
+    ``fn`` returns for them: each new value, then the pieces of delta write-backs."""
+    index_of = {p: i for i, p in enumerate(placeholders)}
+    mutations, extra = [], []
+
+    def result(v) -> int:
+        extra.append(v)
+        return start + len(extra) - 1
+
+    for n in nodes:
+        if n.op != "call_function" or n.target is not COPY_ or n.args[0] not in index_of:
+            continue
+        dst, src = n.args[0], n.args[1]
+        value_index = result(n)
+        delta = None
+        same_shape = _same_shape(dst, src)
+        if same_shape and isinstance(src, fx.Node) and src.args and src.args[0] is dst:
+            if src.target is torch.ops.aten.index_copy.default:
+                _, dim, index, source = src.args
+                delta = ("index_copy", dim, result(index), result(source))
+            elif src.target is torch.ops.aten.slice_scatter.default:
+                args = list(src.args) + [None] * (6 - len(src.args))
+                _, source, dim, begin, end, step = args
+                if all(isinstance(v, int | None) for v in (dim, begin, end, step)):
+                    delta = ("slice", dim or 0, begin, end, step or 1, result(source))
+        mutations.append(Mutation(index_of[dst], value_index, delta))
+    return tuple(mutations), extra
+
+
+def _same_shape(dst: fx.Node, src) -> bool:
+    a, b = dst.meta.get("val"), getattr(src, "meta", {}).get("val")
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tpu_inductor import cache
+from tpu_inductor import cache, residency, transfers
+from tpu_inductor.transfers import Transfers
 
 
 @dataclasses.dataclass
@@ -19,6 +20,7 @@ class GraphReport:
         executables: live XLA executables (one per concrete input signature).
         builds: ``(reason, seconds)`` for every executable built, oldest first.
         hits / misses / evictions: executable cache look-ups for this graph.
+        transfers: this graph's host <-> device crossings (see ``tpu_inductor.transfers``).
     """
 
     name: str
@@ -30,6 +32,7 @@ class GraphReport:
     hits: int
     misses: int
     evictions: int
+    transfers: Transfers = dataclasses.field(default_factory=Transfers)
 
 
 @dataclasses.dataclass
@@ -41,6 +44,9 @@ class Report:
     graphs_handed_over: int
     graph_cache_hits: int
     traces: int
+    transfers: Transfers = dataclasses.field(default_factory=Transfers)
+    device_values: int = 0
+    device_value_bytes: int = 0
 
     def __str__(self) -> str:
         lines = [
@@ -48,16 +54,23 @@ class Report:
             f"({self.graphs_handed_over} handed over by AOTAutograd, "
             f"{self.graph_cache_hits} reused from the graph cache), {self.traces} trace(s)",
             f"{'graph':<24} {'ops':>5} {'lower s':>8} {'execs':>6} {'hits':>7} {'misses':>7}"
-            f" {'compile s':>10}",
+            f" {'compile s':>10} {'H2D MB':>8} {'D2H MB':>8}",
         ]
         for g in self.graphs:
             compile_s = sum(s for _, s in g.builds)
             lines.append(
                 f"{g.name:<24} {g.nodes:>5} {g.lower_seconds:>8.3f} {g.executables:>6} "
-                f"{g.hits:>7} {g.misses:>7} {compile_s:>10.2f}"
+                f"{g.hits:>7} {g.misses:>7} {compile_s:>10.2f} "
+                f"{g.transfers.host_to_device_bytes / 1e6:>8.3f} "
+                f"{g.transfers.device_to_host_bytes / 1e6:>8.3f}"
             )
             for i, (reason, seconds) in enumerate(g.builds):
                 lines.append(f"    executable {i}: {seconds:.2f}s  {reason}")
+        lines.append(f"transfers: {self.transfers}")
+        lines.append(
+            f"device copies of host tensors kept: {self.device_values} "
+            f"({self.device_value_bytes / 1e6:.2f} MB)"
+        )
         if self.fallback_ops:
             lines.append(f"ops that fell back to eager ({len(self.fallback_ops)}):")
             lines += [f"  - {op}" for op in self.fallback_ops]
@@ -73,7 +86,8 @@ def report(print_table: bool = True) -> Report:
     Returns:
         A :class:`Report`: graphs with their ops, lowering and compile times, executables per
         graph and why each was built (which input shape changed), cache hits and misses, and
-        the ops that fell back to eager.
+        the ops that fell back to eager, and every host <-> device crossing (``transfers``:
+        bytes and counts each way, by reason, in total and per graph).
 
     Example:
         >>> tpu_inductor.report()  # after running a compiled model
@@ -96,6 +110,7 @@ def report(print_table: bool = True) -> Report:
                 hits=exes.hits,
                 misses=exes.misses,
                 evictions=exes.evictions,
+                transfers=exes.transfers.totals.copy(),
             )
         )
     result = Report(
@@ -104,6 +119,9 @@ def report(print_table: bool = True) -> Report:
         graphs_handed_over=cache.STATS.graphs,
         graph_cache_hits=cache.STATS.hits,
         traces=cache.STATS.traces,
+        transfers=transfers.TOTAL.copy(),
+        device_values=len(residency.VALUES),
+        device_value_bytes=residency.VALUES.device_bytes(),
     )
     if print_table:
         print(result)

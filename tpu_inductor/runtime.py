@@ -1,11 +1,8 @@
-"""The torch <-> JAX boundary: device choice, weight residency, RNG seeds, executables, outputs.
+"""The call: device choice, compiler options, RNG seeds, executables per signature, and
+:class:`CompiledGraph`, which runs one graph.
 
-Measured on a 2-core CPU host (``python -m benchmarks.boundary``): per-call inputs cross as
-zero-copy numpy views handed straight to the XLA executable (~7 us per small tensor, against
-~29 us through ``jax.dlpack.from_dlpack``), and outputs come back as numpy views of fresh XLA
-buffers (~1 us, against ~4 us for ``torch.from_dlpack``); on TPU/GPU the executable does the
-host -> device copy. Parameters and buffers are imported once through DLPack (zero-copy on CPU)
-and reused while their version counter is unchanged.
+How a tensor crosses is ``boundary.py``; what stays on the device (and when a host tensor may
+use its device copy) is ``residency.py``; every crossing is counted in ``transfers.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +14,6 @@ import logging
 import pathlib
 import threading
 import time
-import warnings
-import weakref
 from collections.abc import Sequence
 
 import jax
@@ -26,9 +21,26 @@ import numpy as np
 import torch
 
 from tpu_inductor import buckets, cache
+from tpu_inductor.boundary import (
+    EFFECT_TOKEN,
+    jax_to_host,
+    nbytes,
+    quiet_readonly_numpy_warning,
+    tensor_to_host,
+    tensor_to_jax,
+)
 from tpu_inductor.dtypes import to_jax_dtype
 from tpu_inductor.errors import InvalidOptionError
+from tpu_inductor.residency import (
+    VALUES,
+    device_zeros,
+    is_all_zeros,
+    saved_handle,
+    saved_tensors_hooks_active,
+    saved_value,
+)
 from tpu_inductor.shapes import bind, concrete
+from tpu_inductor.transfers import D2H, H2D, Counter
 
 log = logging.getLogger("tpu_inductor")
 
@@ -105,121 +117,6 @@ def platform_of(device: jax.Device) -> str:
     return "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
 
 
-def _materialize(t: torch.Tensor) -> torch.Tensor:
-    """A detached, contiguous, CPU tensor with conj/neg bits resolved (same values)."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    return t
-
-
-# Dtypes numpy knows only through ml_dtypes: cross as same-width unsigned ints.
-_BITCAST = {
-    torch.bfloat16: (torch.uint16, np.dtype(jax.numpy.bfloat16)),
-    torch.float8_e4m3fn: (torch.uint8, np.dtype(jax.numpy.float8_e4m3fn)),
-    torch.float8_e5m2: (torch.uint8, np.dtype(jax.numpy.float8_e5m2)),
-}
-_BITCAST_BACK = {np_dt: tdt for tdt, (_, np_dt) in _BITCAST.items()}
-
-
-_EFFECT_TOKEN = np.zeros((0,), np.float32)
-
-
-def tensor_to_host(t: torch.Tensor | None) -> np.ndarray:
-    """A zero-copy numpy view of a tensor, for passing straight to an XLA executable.
-
-    Handing executables numpy arrays is the cheapest way in: on a 2-core CPU host, ~7 us per
-    call for a small input against ~29 us through ``jax.dlpack.from_dlpack`` (see
-    ``python -m benchmarks.boundary``); on TPU/GPU the executable copies it to the device.
-    """
-    if t is None:
-        return _EFFECT_TOKEN  # AOTAutograd passes None for an effect token (float32[0])
-    t = _materialize(t)
-    special = _BITCAST.get(t.dtype)
-    if special is not None:
-        return t.view(special[0]).numpy().view(special[1])
-    return t.numpy()
-
-
-def tensor_to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
-    """Move one torch tensor to ``device`` as a ``jax.Array`` with the same dtype and values.
-
-    Zero-copy on CPU for contiguous tensors (DLPack). Non-contiguous, channels_last,
-    conjugated or negated views are materialized first. Must run with
-    ``jax.enable_x64(True)`` so 64-bit dtypes survive.
-    """
-    t = _materialize(t)
-    if t.numel() == 0:
-        arr = jax.numpy.zeros(tuple(t.shape), dtype=to_jax_dtype(t.dtype))
-    else:
-        arr = jax.dlpack.from_dlpack(t)
-    if device.platform != "cpu":
-        arr = jax.device_put(arr, device)
-    return arr
-
-
-def jax_to_tensor(arr) -> torch.Tensor | None:
-    """Turn one output array into a CPU torch tensor.
-
-    On CPU this is a zero-copy view of the (fresh, never reused) output buffer, ~1 us against
-    ~4 us for ``torch.from_dlpack``; elsewhere ``np.asarray`` is the device-to-host copy.
-    """
-    if not isinstance(arr, jax.Array):
-        return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
-    host = np.asarray(arr)
-    back = _BITCAST_BACK.get(host.dtype)
-    if back is not None:
-        return torch.from_numpy(host.view(f"u{host.dtype.itemsize}")).view(back)
-    return torch.from_numpy(host)
-
-
-@functools.cache
-def _quiet_readonly_numpy_warning() -> None:
-    """Outputs are views of read-only numpy arrays over fresh XLA buffers that nothing else
-    holds, so torch's one-time "non-writable NumPy array" warning doesn't apply; spend it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ro = np.zeros(1)
-        ro.flags.writeable = False
-        torch.from_numpy(ro)
-
-
-class ResidentInputs:
-    """Keeps parameters and buffers on the device between calls.
-
-    One slot per static input position (parameters and buffers, as AOTAutograd reports them).
-    A slot is reused while it holds the same tensor object at the same version counter and
-    data pointer; any in-place change (an eager optimizer step, ``copy_``, ``load_state_dict``)
-    bumps the version and the tensor is transferred again. On CPU the import is zero-copy.
-    """
-
-    def __init__(self, positions: Sequence[int], device: jax.Device):
-        self.positions = frozenset(positions)
-        self.device = device
-        self._slots: dict[int, tuple[weakref.ref, int, int, jax.Array]] = {}
-
-    def get(self, i: int, t: torch.Tensor) -> jax.Array | np.ndarray:
-        if i not in self.positions:
-            return tensor_to_host(t)
-        slot = self._slots.get(i)
-        if (
-            slot is not None
-            and slot[0]() is t
-            and slot[1] == t._version
-            and slot[2] == t.data_ptr()
-        ):
-            return slot[3]
-        arr = tensor_to_jax(t, self.device)
-        self._slots[i] = (weakref.ref(t), t._version, t.data_ptr(), arr)
-        cache.STATS.transfers += 1
-        return arr
-
-
 def draw_seed() -> np.ndarray:
     """Two uint32 words drawn from torch's default CPU generator.
 
@@ -256,8 +153,11 @@ class Executables:
         dump_dir: pathlib.Path | None = None,
         lower_seconds: float = 0.0,
         compiler_options: dict | None = None,
+        transfers: str = "count",
+        donate: Sequence[int] = (),
     ):
         self.lowered = lowered
+        self.transfers = Counter(name, transfers)
         self.compiler_options = compiler_options or {}
         self.max_entries = max_entries
         self.name = name
@@ -279,7 +179,11 @@ class Executables:
             cache.STATS.traces += 1
             return lowered.fn(seed, *inputs)
 
-        self._jitted = jax.jit(traced, static_argnums=self._static)
+        # Donation (TPU/GPU only: on CPU a donated input would alias users' memory): inputs the
+        # graph overwrites, whose old device value nothing reads after the call.
+        self._jitted = jax.jit(
+            traced, static_argnums=self._static, donate_argnums=tuple(i + 1 for i in donate)
+        )
 
     def get(self, signature: tuple, seed, arrays: list, statics: list):
         """The executable for ``signature``, compiling it on first use."""
@@ -353,52 +257,104 @@ class CompiledGraph:
     """The callable handed back to AOTAutograd for one graph (boxed calling convention).
 
     Called with a list of torch tensors (and Python scalars for static inputs); returns a list
-    of fresh CPU torch tensors. Nothing returned aliases a buffer this object keeps.
+    of CPU torch tensors, placeholders for saved activations, and Python scalars. Where each
+    value lives:
+
+    - every tensor input is looked up in ``residency.VALUES`` first (a parameter, a value an
+      earlier graph returned, a mutated input's new value): if current, nothing crosses;
+    - parameters and buffers (``static_positions``) missing there are imported and recorded;
+      other inputs cross as zero-copy numpy views (``input``), except inputs the backward will
+      need again (saved as they are), which are imported once and recorded;
+    - outputs come back to the host (``output``) and are recorded, except saved activations
+      (``saved_outputs`` of a training forward), which stay on the device behind placeholders;
+    - inputs the graph updates in place are written back on the host (only the changed slice
+      for ``index_copy_`` and slice assignment) and their new device value is recorded.
+
+    Nothing returned aliases a buffer this object keeps.
     """
 
     def __init__(
         self,
         exes: Executables,
         device: jax.Device,
-        resident: ResidentInputs,
         name: str,
+        *,
+        static_positions: Sequence[int] = (),
+        saved_outputs: Sequence[int] = (),
+        bumped: frozenset = frozenset(),
+        backward: bool = False,
         pad_to=None,
         gm=None,
     ):
         # An instance attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
         self._boxed_call = True
         self.exes = exes
-        # Shape buckets apply to dynamic graphs only; gm runs the exact-shape check in torch.
-        self.pad_to = pad_to if exes.lowered.dynamic else None
+        low = exes.lowered
+        self.lowered = low
+        # Shape buckets apply to dynamic graphs without saved activations or mutations only.
+        padding = low.dynamic and not saved_outputs and not low.mutations
+        self.pad_to = pad_to if padding else None
         self.gm = gm
-        self.lowered = exes.lowered
         self.device = device
-        self.resident = resident
         self.name = name
-        self._tensor_inputs = frozenset(self.lowered.tensor_inputs)
-        self._scalar_outputs = self.lowered.scalar_outputs
+        self.transfers = exes.transfers
+        self._tensor_inputs = frozenset(low.tensor_inputs)
+        self._scalar_outputs = low.scalar_outputs
+        self._static_positions = frozenset(static_positions)
+        self._saved = frozenset(saved_outputs)
+        self._bumped = bumped
+        self._backward = backward
+        # Per-call inputs the backward takes back unchanged (saved as they are): import once.
+        self._keep = frozenset(
+            low.output_plan[j][1] for j in self._saved if low.output_plan[j][0] == "input"
+        )
+        self._plain = low.plain_outputs and not saved_outputs
         # A static graph has one signature (Dynamo's guards fix every input's shape and dtype):
         # after the first call its executable is used without rebuilding the signature.
         self._static_exe = None
-        self._one_signature = not self.lowered.dynamic and len(self._tensor_inputs) == len(
-            self.lowered.input_metas
-        )
+        self._one_signature = not low.dynamic and len(self._tensor_inputs) == len(low.input_metas)
         # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
         self._needs_default_device = jax.devices()[0] != device
-        _quiet_readonly_numpy_warning()
+        quiet_readonly_numpy_warning()
 
     def call_unboxed(self, *args) -> list:
         """The same call with Dynamo's calling convention, for graphs called without
         AOTAutograd's runtime wrapper (see ``capture.passes_through``)."""
         return self(list(args))
 
+    def _input(self, i: int, t):
+        """Graph input ``i`` as an array the executable takes (see the class docstring)."""
+        if t is None:
+            return EFFECT_TOKEN  # AOTAutograd passes None for an effect token (float32[0])
+        if self._backward:
+            arr = saved_value(t)
+            if arr is not None:
+                return arr
+            if VALUES.lookup(t) is None and is_all_zeros(t):
+                # autograd filled a tangent with zeros (an output nobody differentiated): make
+                # them on the device instead of sending them
+                return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), self.device)
+        return device_input(
+            t,
+            i,
+            self.device,
+            self.transfers,
+            resident=i in self._static_positions,
+            keep=i in self._keep,
+            bumped=i in self._bumped,
+        )
+
+    def _output(self, arr) -> torch.Tensor | None:
+        return output_to_host(arr, self.transfers)
+
     def __call__(self, args: list) -> list:
         if self.pad_to is not None and not self.exes.padding_off:
             return self._call_padded(args)
-        get = self.resident.get
         seed = draw_seed() if self.lowered.has_rng else None
+        inputs = args if self._plain else list(args)
         with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
             exe = self._static_exe
+            get = self._input
             if exe is not None:
                 arrays = [get(i, a) for i, a in enumerate(args)]
                 args.clear()
@@ -421,12 +377,62 @@ class CompiledGraph:
                     outs = exe(seed, *arrays)
             else:
                 outs = exe(seed, *arrays)
-            if self._scalar_outputs:
-                return [
-                    o.item() if i in self._scalar_outputs else jax_to_tensor(o)
-                    for i, o in enumerate(outs)
-                ]
-            return [jax_to_tensor(o) for o in outs]
+            del arrays
+            if self._plain and not self._scalar_outputs:
+                result = [self._output(o) for o in outs]
+            else:
+                result = self._assemble(outs, inputs)
+            if self.lowered.mutations:
+                self._write_back(outs, inputs)
+        self.transfers.steady = True
+        return result
+
+    def _assemble(self, outs, inputs: list) -> list:
+        """The declared outputs from the executable's results (see ``LoweredGraph``)."""
+        handles = bool(self._saved) and not saved_tensors_hooks_active()
+        result = []
+        for j, (kind, k) in enumerate(self.lowered.output_plan):
+            if kind == "input":
+                result.append(inputs[k])
+            elif kind == "dup":
+                result.append(result[k])
+            elif j in self._scalar_outputs:
+                result.append(outs[k].item())
+            elif j in self._saved and isinstance(outs[k], jax.Array):
+                o = outs[k]
+                if handles:
+                    result.append(saved_handle(o, self.lowered.output_metas[j].dtype))
+                else:
+                    t, owner = jax_to_host(o)
+                    self.transfers.add(D2H, "materialize", o.nbytes, f"saved activation {j}")
+                    VALUES.record(t, o, owner)
+                    result.append(t)
+            else:
+                result.append(self._output(outs[k]))
+        return result
+
+    def _write_back(self, outs, inputs: list) -> None:
+        """Host copies of the inputs the graph updated in place; their new device values are
+        recorded as current, so the next graph reading them sends nothing."""
+        with torch.no_grad():
+            for m in self.lowered.mutations:
+                t, new = inputs[m.input_index], outs[m.value_index]
+                delta = m.delta
+                if delta is not None and delta[0] == "index_copy":
+                    _, dim, index, source = delta
+                    idx, src = jax_to_host(outs[index])[0], jax_to_host(outs[source])[0]
+                    moved = outs[index].nbytes + outs[source].nbytes
+                    t.index_copy_(dim, idx, src)
+                elif delta is not None:
+                    _, dim, begin, end, step, source = delta
+                    src = jax_to_host(outs[source])[0]
+                    moved = outs[source].nbytes
+                    t[(slice(None),) * (dim % t.dim()) + (slice(begin, end, step),)].copy_(src)
+                else:
+                    t.copy_(jax_to_host(new)[0])
+                    moved = new.nbytes
+                self.transfers.add(D2H, "write-back", moved)
+                VALUES.record(t, new)
 
     def _call_padded(self, args: list) -> list:
         low = self.lowered
@@ -434,7 +440,7 @@ class CompiledGraph:
         originals = list(args)
         with jax.enable_x64(True):
             values = [
-                self.resident.get(i, a) if i in self._tensor_inputs else _python_scalar(a)
+                self._input(i, a) if i in self._tensor_inputs else _python_scalar(a)
                 for i, a in enumerate(args)
             ]
             args.clear()
@@ -451,12 +457,16 @@ class CompiledGraph:
             signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
             with jax.default_device(self.device):
                 outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
-            result = [
-                buckets.slice_output(o, m, real)
-                if i in self._scalar_outputs
-                else jax_to_tensor(buckets.slice_output(o, m, real))
-                for i, (o, m) in enumerate(zip(outs, low.output_metas, strict=True))
-            ]
+            result = []
+            for j, (kind, k) in enumerate(low.output_plan):
+                if kind == "input":
+                    result.append(originals[k])
+                elif kind == "dup":
+                    result.append(result[k])
+                else:
+                    o = buckets.slice_output(outs[k], low.output_metas[j], real)
+                    result.append(o if j in self._scalar_outputs else self._output(o))
+        self.transfers.steady = True
         if signature not in self.exes.checked and not low.has_rng:
             self.exes.checked.add(signature)
             exact = list(self.gm(*originals))
@@ -466,6 +476,46 @@ class CompiledGraph:
                 return exact
         return result
 
+
+def device_input(
+    t: torch.Tensor,
+    i: int,
+    device: jax.Device,
+    counter: Counter,
+    *,
+    resident: bool = False,
+    keep: bool = False,
+    bumped: bool = False,
+):
+    """What an executable takes for host tensor ``t`` (graph input ``i``): its device copy when
+    ``residency.VALUES`` has a current one (nothing crosses); else, for a parameter or buffer
+    (``resident``) or a value needed again (``keep``), an import that is recorded; else a
+    zero-copy numpy view the executable copies in. ``bumped``: see ``DeviceValues.lookup``."""
+    arr = VALUES.lookup(t, bumped)
+    if arr is not None:
+        return arr
+    if resident or keep:
+        arr = tensor_to_jax(t, device)
+        VALUES.record(t, arr)
+        reason = "resident" if resident else "input"
+        counter.add(H2D, reason, nbytes(t), f"input {i} ({_fmt_tensor(t)})")
+        return arr
+    counter.add(H2D, "input", nbytes(t))
+    return tensor_to_host(t)
+
+
+def output_to_host(arr, counter: Counter) -> torch.Tensor | None:
+    """One result back on the host, recorded so a later graph can take it back for free."""
+    if not isinstance(arr, jax.Array):
+        return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
+    t, owner = jax_to_host(arr)
+    counter.add(D2H, "output", arr.nbytes)
+    VALUES.record(t, arr, owner)
+    return t
+
+
+def _fmt_tensor(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 def _python_scalar(v):
     """SymInts/SymFloats that reach a graph are concrete here; make them plain Python."""

@@ -1,0 +1,237 @@
+"""Bytes crossing host <-> device per step, next to time per step (``python -m benchmarks.transfers``).
+
+On CPU every crossing is zero-copy, so time alone can't show them; the backend counts each one
+where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads:
+
+- ``train``: a transformers Llama (hidden 256, 4 layers, vocab 1024: 11.5 MB of float32
+  parameters), batch 2 x 64, compiled model + compiled AdamW ``opt.step``, steady state;
+- ``decode``: greedy ``generate()`` with a static KV cache (16 prompt + 16 new tokens), bytes
+  per generated token against the cache's size;
+- ``mlp``: one inference call of ``Linear(64, 256) -> GELU -> Linear(256, 64)`` at 1 x 64.
+
+Prints one table and writes ``benchmarks/results/transfers.json``; ``--json-only`` skips the
+table. Each ratio is bytes per step over the model's parameter bytes (or the cache's bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def _llama(vocab=1024, hidden=256, layers=4):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _param_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _delta(before, after) -> dict:
+    from tpu_inductor.transfers import D2H, H2D, REASONS
+
+    d = after - before
+    return {
+        "host_to_device": d.bytes(H2D),
+        "device_to_host": d.bytes(D2H),
+        "by_reason": {
+            f"{'h2d' if direction == H2D else 'd2h'}:{r}": d.bytes(direction, r)
+            for direction in (H2D, D2H)
+            for r in REASONS[direction]
+        },
+    }
+
+
+def train(steps: int = 5, warmup: int = 3, keep_on_device: bool = False) -> dict:
+    """Steady-state bytes and time per training step (loss read every step)."""
+    import tpu_inductor
+    from tpu_inductor.transfers import TOTAL
+
+    model = _llama().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if keep_on_device:
+        tpu_inductor.keep_on_device(model, opt)
+    cmodel = torch.compile(model, backend="tpu")
+    cstep = torch.compile(opt.step, backend="tpu")
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 1024, (2, 64), generator=gen)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = cmodel(input_ids=ids, labels=ids).loss
+        loss.backward()
+        cstep()
+        return float(loss)
+
+    for _ in range(warmup):
+        step()
+    before = TOTAL.copy()
+    start = time.perf_counter()
+    losses = [step() for _ in range(steps)]
+    seconds = (time.perf_counter() - start) / steps
+    d = _delta(before, TOTAL.copy())
+    params = _param_bytes(model)
+    per = {k: v / steps for k, v in d["by_reason"].items()}
+    return {
+        "workload": "train" + ("-keep_on_device" if keep_on_device else ""),
+        "param_bytes": params,
+        "h2d_per_step": d["host_to_device"] / steps,
+        "d2h_per_step": d["device_to_host"] / steps,
+        "h2d_x_params": d["host_to_device"] / steps / params,
+        "d2h_x_params": d["device_to_host"] / steps / params,
+        "by_reason_per_step": per,
+        "ms_per_step": seconds * 1e3,
+        "last_loss": losses[-1],
+    }
+
+
+def decode(prompt: int = 16, new: int = 16) -> dict:
+    """Bytes per generated token of greedy static-cache decoding, against the cache's bytes."""
+    from tpu_inductor.transfers import TOTAL
+
+    model = _llama().eval()
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(3, 1024, (1, prompt), generator=torch.Generator().manual_seed(2))
+    model.forward = torch.compile(model.forward, backend="tpu")
+
+    def run(n):
+        return model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            cache_implementation="static",
+        )
+
+    run(new)  # compile prefill and decode
+    before = TOTAL.copy()
+    start = time.perf_counter()
+    run(new)
+    seconds = time.perf_counter() - start
+    d = _delta(before, TOTAL.copy())
+    cfg = model.config
+    max_len = prompt + new
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    cache = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * 4
+    total = d["host_to_device"] + d["device_to_host"]
+    return {
+        "workload": "decode",
+        "cache_bytes": cache,
+        "bytes_per_token": total / new,
+        "h2d_per_token": d["host_to_device"] / new,
+        "d2h_per_token": d["device_to_host"] / new,
+        "x_cache_per_token": total / new / cache,
+        "by_reason_per_generate": d["by_reason"],
+        "ms_per_token": seconds * 1e3 / new,
+    }
+
+
+def mlp(calls: int = 20) -> dict:
+    """Bytes per inference call of a small MLP: exactly its input in and its output out."""
+    from tpu_inductor.transfers import TOTAL
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)
+    ).eval()
+    x = torch.randn(1, 64)
+    cm = torch.compile(model, backend="tpu")
+    with torch.no_grad():
+        cm(x)
+        before = TOTAL.copy()
+        for _ in range(calls):
+            cm(x)
+    d = _delta(before, TOTAL.copy())
+    return {
+        "workload": "mlp",
+        "input_bytes": x.numel() * 4,
+        "output_bytes": 64 * 4,
+        "h2d_per_call": d["host_to_device"] / calls,
+        "d2h_per_call": d["device_to_host"] / calls,
+    }
+
+
+def _fmt(n: float) -> str:
+    return f"{n / 1e6:.3f} MB" if n >= 1e5 else f"{n / 1e3:.2f} KB"
+
+
+def table(results: list[dict]) -> str:
+    """The readable summary of a run."""
+    lines = []
+    for r in results:
+        w = r["workload"]
+        if w.startswith("train"):
+            lines.append(
+                f"{w}: {r['ms_per_step']:.1f} ms/step; host->device {_fmt(r['h2d_per_step'])}"
+                f"/step ({r['h2d_x_params']:.3f}x params), device->host "
+                f"{_fmt(r['d2h_per_step'])}/step ({r['d2h_x_params']:.3f}x params); params "
+                f"{_fmt(r['param_bytes'])}"
+            )
+            nonzero = {k: v for k, v in r["by_reason_per_step"].items() if v}
+            lines.append("    per step: " + ", ".join(f"{k} {_fmt(v)}" for k, v in nonzero.items()))
+        elif w == "decode":
+            lines.append(
+                f"decode: {r['ms_per_token']:.1f} ms/token; {_fmt(r['bytes_per_token'])}/token both"
+                f" ways ({r['x_cache_per_token']:.3f}x the {_fmt(r['cache_bytes'])} KV cache)"
+            )
+        else:
+            lines.append(
+                f"mlp 1x64 inference: host->device {r['h2d_per_call']:.0f} B/call (input "
+                f"{r['input_bytes']} B), device->host {r['d2h_per_call']:.0f} B/call (output "
+                f"{r['output_bytes']} B)"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["train", "keep", "decode", "mlp"], action="append")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--json-only", action="store_true")
+    args = parser.parse_args(argv)
+    import tpu_inductor
+
+    todo = args.only or ["train", "keep", "decode", "mlp"]
+    results = []
+    for name in todo:
+        torch._dynamo.reset()
+        tpu_inductor.reset()
+        if name == "train":
+            results.append(train(args.steps))
+        elif name == "keep":
+            if hasattr(tpu_inductor, "keep_on_device"):
+                results.append(train(args.steps, keep_on_device=True))
+        elif name == "decode":
+            results.append(decode())
+        else:
+            results.append(mlp())
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "transfers.json").write_text(json.dumps(results, indent=2) + "\n")
+    if not args.json_only:
+        print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
