@@ -1,4 +1,6 @@
-"""Bytes crossing host <-> device per step, next to time per step (``python -m benchmarks.transfers``).
+"""Bytes crossing host <-> device per step, next to time per step.
+
+``python -m benchmarks.transfers``
 
 On CPU every crossing is zero-copy, so time alone can't show them; the backend counts each one
 where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads:

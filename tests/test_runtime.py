@@ -3,6 +3,8 @@ residency, randomness and the executable cache. Each test compares with CPU eage
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import pytest
 import torch
@@ -386,3 +388,46 @@ def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):
     with torch.no_grad():
         check_fn(lambda x: torch.relu(x) * 2, torch.randn(5))
     assert runtime._rejected_options == {"xla_cpu_no_such_option"}
+
+
+# --- transfers: what crosses host <-> device ------------------------------------------------------
+
+
+def test_inference_call_moves_exactly_its_input_and_output():
+    from tpu_inductor.transfers import D2H, H2D, TOTAL
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    cm = torch.compile(model, backend="tpu")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        cm(x)
+        before = TOTAL.copy()
+        out = cm(x)
+    d = TOTAL.copy() - before
+    assert d.bytes(H2D) == x.numel() * 4 and d.bytes(D2H) == out.numel() * 4
+    assert_same(out, model(x))
+
+
+def test_training_step_sends_nothing_in_steady_state():
+    from tpu_inductor.transfers import H2D, TOTAL
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    cm, step = torch.compile(model, backend="tpu"), torch.compile(opt.step, backend="tpu")
+    x = torch.randn(5, 8)
+    for i in range(4):
+        if i == 2:
+            before = TOTAL.copy()
+        opt.zero_grad()
+        cm(x).pow(2).sum().backward()
+        step()
+        ref_opt.zero_grad()
+        ref(x).pow(2).sum().backward()
+        ref_opt.step()
+    d = TOTAL.copy() - before
+    assert d.bytes(H2D) <= 2 * x.numel() * 4 + 64, str(d)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
