@@ -403,10 +403,7 @@ class CompiledGraph:
                 if handles:
                     result.append(saved_handle(o, self.lowered.output_metas[j].dtype))
                 else:
-                    t, owner = jax_to_host(o)
-                    self.transfers.add(D2H, "materialize", o.nbytes, f"saved activation {j}")
-                    VALUES.record(t, o, owner)
-                    result.append(t)
+                    result.append(output_to_host(o, self.transfers, "materialize"))
             else:
                 result.append(self._output(outs[k]))
         return result
@@ -504,12 +501,12 @@ def device_input(
     return tensor_to_host(t)
 
 
-def output_to_host(arr, counter: Counter) -> torch.Tensor | None:
+def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tensor | None:
     """One result back on the host, recorded so a later graph can take it back for free."""
     if not isinstance(arr, jax.Array):
         return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
     t, owner = jax_to_host(arr)
-    counter.add(D2H, "output", arr.nbytes)
+    counter.add(D2H, reason, arr.nbytes, reason)
     VALUES.record(t, arr, owner)
     return t
 
