@@ -71,7 +71,7 @@ def test_core_op_is_accounted_for(op):
 def test_unsupported_rows_are_not_lowered():
     """An op with a lowering must not also be listed as unsupported."""
     both = [str(op) for op in UNSUPPORTED if op in LOWERINGS]
-    assert not both, f"lowered now, delete from lowerings/unsupported.py: {both}"
+    assert not both, f"lowered now, delete from tpu_inductor/lowerings/unsupported.py: {both}"
 
 
 def test_unsupported_reasons_say_what_to_do():
