@@ -25,8 +25,10 @@ def main() -> None:
     """Print the table."""
     device = jax.devices()[0]
     print(f"device: {device.platform}  (us per tensor, lower is better)")
-    print(f"{'dtype':>10} {'shape':>12} | {'t->j dlpack':>11} {'t->j put(np)':>12} |"
-          f" {'j->t dlpack':>11} {'j->t from_numpy':>15}")
+    print(
+        f"{'dtype':>10} {'shape':>12} | {'t->j dlpack':>11} {'t->j put(np)':>12} |"
+        f" {'j->t dlpack':>11} {'j->t from_numpy':>15}"
+    )
     with jax.enable_x64(True):
         for dtype in (torch.float32, torch.int64, torch.bfloat16):
             for shape in ((64,), (256, 1024)):
@@ -35,14 +37,19 @@ def main() -> None:
                 rows = [
                     _us(lambda t=t: jax.device_put(jax.dlpack.from_dlpack(t), device)),
                     _us(lambda t=t: jax.device_put(t.numpy(), device))
-                    if dtype != torch.bfloat16 else float("nan"),
-                    _us(lambda a=a: torch.from_dlpack(a)) if device.platform == "cpu"
+                    if dtype != torch.bfloat16
+                    else float("nan"),
+                    _us(lambda a=a: torch.from_dlpack(a))
+                    if device.platform == "cpu"
                     else float("nan"),
                     _us(lambda a=a: torch.from_numpy(np.asarray(a)))
-                    if dtype != torch.bfloat16 else float("nan"),
+                    if dtype != torch.bfloat16
+                    else float("nan"),
                 ]
-                print(f"{str(dtype)[6:]:>10} {str(shape):>12} | {rows[0]:11.1f} {rows[1]:12.1f} |"
-                      f" {rows[2]:11.1f} {rows[3]:15.1f}")
+                print(
+                    f"{str(dtype)[6:]:>10} {str(shape):>12} | {rows[0]:11.1f} {rows[1]:12.1f} |"
+                    f" {rows[2]:11.1f} {rows[3]:15.1f}"
+                )
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def tables(results: dict[str, Any]) -> str:
             "(median of repeats, each contender in its own process); ratios are ours/theirs "
             "(below 1: ours faster). The two hand-JAX ratios are measured in one process, ours "
             "and hand-written `jax.jit` taking turns (median of per-round ratios): hand-JAX "
-            "crosses by DLPack in and out; \"numpy I/O\" crosses by zero-copy numpy views as "
+            'crosses by DLPack in and out; "numpy I/O" crosses by zero-copy numpy views as '
             "the backend does, so that ratio is everything the backend and Dynamo add.\n"
         )
         head = ["batch x d"] + [_LABEL[c] for c in contenders]

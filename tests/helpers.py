@@ -50,8 +50,9 @@ def check_fn(fn, *args, atol=1e-5, rtol=1e-4, **options):
     return actual
 
 
-def check_module_training(model, make_inputs, steps=3, opt="adamw", atol=1e-5, rtol=1e-4,
-                          loss_fn=None):
+def check_module_training(
+    model, make_inputs, steps=3, opt="adamw", atol=1e-5, rtol=1e-4, loss_fn=None
+):
     """Outputs, every parameter's gradient, and ``steps`` optimizer steps against eager.
 
     ``opt`` is ``"adamw"``, ``"sgd"`` (momentum 0.9) or a callable ``params -> Optimizer``."""

@@ -168,8 +168,14 @@ def test_clean_inference_graph_skips_aotautograd_wrapper(monkeypatch):
 
 @pytest.mark.parametrize(
     "case",
-    ["input_mutation", "buffer_mutation", "output_is_input", "output_is_view", "same_output_twice",
-     "grad_enabled_outputs"],
+    [
+        "input_mutation",
+        "buffer_mutation",
+        "output_is_input",
+        "output_is_view",
+        "same_output_twice",
+        "grad_enabled_outputs",
+    ],
 )
 def test_graphs_that_need_aotautograd_wrapper_keep_it(monkeypatch, case):
     """Mutations, views of inputs and autograd need AOTAutograd's runtime wrapper: those graphs

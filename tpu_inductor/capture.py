@@ -110,6 +110,8 @@ def passes_through(lowered, n_inputs: int) -> bool:
         and meta.num_intermediate_bases == 0
         and getattr(meta, "grad_enabled_mutation", None) is None
         and not getattr(meta, "num_graphsafe_rng_states", 0)
-        and all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
-                for m in getattr(meta, "subclass_inp_meta", None) or ())
+        and all(
+            isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
+            for m in getattr(meta, "subclass_inp_meta", None) or ()
+        )
     )

@@ -131,9 +131,7 @@ class ExportedGraph:
                     for a in exported.in_avals[1 if self.has_rng else 0 :]
                 ],
             )
-            self._exe = compile_lowered(
-                lowered, compiler_options(platform_of(device), "inference")
-            )
+            self._exe = compile_lowered(lowered, compiler_options(platform_of(device), "inference"))
         quiet_readonly_numpy_warning()
         cache.STATS.exports_loaded += 1
 

@@ -21,11 +21,11 @@ import torch
 import torch.fx as fx
 from core_aten import core_aten_overloads, coverage  # tests/conformance is on sys.path
 from torch._ops import OpOverload
-from tpu_inductor.lowerings import LOWERINGS
-from tpu_inductor.lowerings.unsupported import UNSUPPORTED
 
 from tpu_inductor.errors import UnsupportedOpError
 from tpu_inductor.lower import check_supported
+from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor.lowerings.unsupported import UNSUPPORTED
 
 aten = torch.ops.aten
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+
 from tpu_inductor.lowerings.registry import register_lowering
 
 aten = torch.ops.aten
@@ -208,18 +209,14 @@ def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n, indices=Tr
 def max_pool2d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
 ):
-    return max_pool(
-        self, kernel_size, stride, padding, dilation, ceil_mode, 2, ctx.uses_output(1)
-    )
+    return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, ctx.uses_output(1))
 
 
 @register_lowering(aten.max_pool3d_with_indices.default)
 def max_pool3d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
 ):
-    return max_pool(
-        self, kernel_size, stride, padding, dilation, ceil_mode, 3, ctx.uses_output(1)
-    )
+    return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, ctx.uses_output(1))
 
 
 def _max_pool_backward(grad_output, self, indices, n):
@@ -276,14 +273,32 @@ def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divi
 # (avg_pool3d: the same with int[3]; the *_backward ops take grad_output first, then these.)
 def _avg_pool_lowerings(n: int, forward, backward) -> None:
     @register_lowering(forward)
-    def avg_pool_nd(ctx, self, kernel_size, stride=(), padding=0, ceil_mode=False,
-                    count_include_pad=True, divisor_override=None):
-        return avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override, n)
+    def avg_pool_nd(
+        ctx,
+        self,
+        kernel_size,
+        stride=(),
+        padding=0,
+        ceil_mode=False,
+        count_include_pad=True,
+        divisor_override=None,
+    ):
+        return avg_pool(
+            self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n
+        )
 
     @register_lowering(backward)
-    def avg_pool_nd_backward(ctx, grad_output, self, kernel_size, stride, padding, ceil_mode,
-                             count_include_pad, divisor_override):
+    def avg_pool_nd_backward(
+        ctx,
+        grad_output,
+        self,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+    ):
         f = lambda x: avg_pool(  # noqa: E731
             x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n
         )

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 from jax.scipy.linalg import expm
+
 from tpu_inductor.lowerings.registry import register_lowering
 
 aten = torch.ops.aten

@@ -15,6 +15,7 @@ import math
 
 import jax.numpy as jnp
 import torch
+
 from tpu_inductor.lowerings.registry import register_lowering
 
 aten = torch.ops.aten

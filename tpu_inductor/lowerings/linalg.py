@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+
 from tpu_inductor.lowerings.registry import P, register_lowering
 
 aten = torch.ops.aten

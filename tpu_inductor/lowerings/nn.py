@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+
 from tpu_inductor.lowerings.registry import register_lowering
 
 aten = torch.ops.aten

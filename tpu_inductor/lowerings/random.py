@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
+
 from tpu_inductor.lowerings.registry import register_lowering
 
 aten = torch.ops.aten

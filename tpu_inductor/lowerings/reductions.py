@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+
 from tpu_inductor.lowerings.registry import register_lowering
 
 aten = torch.ops.aten

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 from jax import lax
+
 from tpu_inductor.lowerings.registry import jdt, register_lowering
 
 aten = torch.ops.aten

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 from jax.scipy import special
+
 from tpu_inductor.lowerings.registry import P, register_lowering
 
 aten = torch.ops.aten
