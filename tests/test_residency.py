@@ -235,18 +235,9 @@ def test_saved_input_of_a_module_mutated_before_backward_raises_like_eager():
             out.sum().backward()
 
 
-# BUG (runtime.py, CompiledGraph._assemble): AOTAutograd saves `detach(exp)` (an alias of the
-# user output) for exp's backward; eager autograd and aot_eager share the output's version
-# counter with it, so out.add_(1) makes the backward raise. The tpu backend returns the saved
-# alias as its own placeholder (saved_handle), with a fresh version counter: no error, and the
-# gradient silently uses the pre-mutation value. Repro:
-#   y = torch.compile(lambda x: x.sin().exp(), backend="tpu")(torch.randn(5, requires_grad=True))
-#   y.add_(1); y.sum().backward()   # eager / aot_eager: RuntimeError; tpu: no error
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime.py: a saved alias of an output is a separate placeholder with its own "
-    "version counter, so an in-place change of the output is not detected in the backward",
-)
+# exp's backward needs exp's output, so AOTAutograd saves detach(exp), which shares its version
+# counter with the user's output: an in-place change of the output makes the backward raise.
+# The runtime hands that saved alias back as the output's detach() (lower.py: ("detach", j)).
 @pytest.mark.parametrize("under_no_grad", [False, True])
 def test_saved_output_mutated_before_backward_raises_like_eager(under_no_grad):
     def run(fn):

@@ -10,6 +10,7 @@ rename PrivateUse1, change torch defaults or start a JAX backend.
 
 from tpu_inductor import cache, debug, testing
 from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
+from tpu_inductor.device_owned import DeviceTensor, keep_on_device
 from tpu_inductor.errors import (
     FallbackWarning,
     InvalidOptionError,
@@ -27,6 +28,7 @@ reset = cache.clear
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeviceTensor",
     "FallbackWarning",
     "InvalidOptionError",
     "LoweringError",
@@ -35,6 +37,7 @@ __all__ = [
     "UnsupportedDtypeError",
     "UnsupportedOpError",
     "debug",
+    "keep_on_device",
     "report",
     "reset",
     "testing",

@@ -143,12 +143,18 @@ def _aot_backend(
     """AOTAutograd with our compilers. An inference graph AOTAutograd passes through unchanged
     is appended to ``direct`` (and saved for warm starts when ``export_key`` is set)."""
 
+    forward: list[CompiledGraph] = []
+
     def compiler(kind: str):
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             static = capture.static_input_positions() if kind != "backward" else ()
             compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
             if kind == "forward":
                 capture.never_donate_backward_buffers()
+                if isinstance(compiled, CompiledGraph):
+                    forward.append(compiled)
+            if kind == "backward" and isinstance(compiled, CompiledGraph) and forward:
+                compiled.forward = forward[-1]  # a lazy forward makes its backward lazy
             if (
                 kind == "inference"
                 and isinstance(compiled, CompiledGraph)

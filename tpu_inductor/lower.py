@@ -120,7 +120,10 @@ class LoweredGraph:
         input_metas / output_metas: the placeholders' and outputs' ``meta["val"]``.
         output_plan: where each declared output comes from: ``("out", k)`` is ``fn``'s k-th
             result, ``("input", i)`` is graph input ``i`` returned as it is, ``("dup", j)`` is
-            the same value as output ``j`` (so neither is copied on the device).
+            the same value as output ``j`` (so neither is copied on the device), and
+            ``("detach", j)`` is ``detach``/``alias`` of output ``j`` (a saved activation that is
+            a user output: handed back as that output's ``detach()``, which shares its version
+            counter, so an in-place change of it before backward raises as in eager).
         mutations: inputs the graph updates in place (AOTAutograd's in-graph ``copy_``), whose
             new values ``fn`` returns after the declared outputs.
     """
@@ -140,9 +143,7 @@ class LoweredGraph:
     @property
     def plain_outputs(self) -> bool:
         """Whether ``fn`` returns exactly the declared outputs, in order."""
-        return not self.mutations and all(
-            p == ("out", i) for i, p in enumerate(self.output_plan)
-        )
+        return not self.mutations and all(p == ("out", i) for i, p in enumerate(self.output_plan))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +368,9 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
     )
 
 
+_ALIASES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
 def _output_plan(outputs, placeholders) -> tuple[tuple, list]:
     """Each declared output's source, and the outputs ``fn`` computes (see LoweredGraph)."""
     index_of = {p: i for i, p in enumerate(placeholders)}
@@ -376,6 +380,13 @@ def _output_plan(outputs, placeholders) -> tuple[tuple, list]:
             plan.append(("input", index_of[out]))
         elif isinstance(out, fx.Node) and out in first:
             plan.append(("dup", first[out]))
+        elif (
+            isinstance(out, fx.Node)
+            and out.target in _ALIASES
+            and isinstance(out.args[0], fx.Node)
+            and out.args[0] in first
+        ):
+            plan.append(("detach", first[out.args[0]]))
         else:
             if isinstance(out, fx.Node):
                 first[out] = j

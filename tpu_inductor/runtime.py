@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import torch
 
-from tpu_inductor import buckets, cache
+from tpu_inductor import buckets, cache, device_owned
 from tpu_inductor.boundary import (
     EFFECT_TOKEN,
     jax_to_host,
@@ -29,6 +29,7 @@ from tpu_inductor.boundary import (
     tensor_to_host,
     tensor_to_jax,
 )
+from tpu_inductor.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.dtypes import to_jax_dtype
 from tpu_inductor.errors import InvalidOptionError
 from tpu_inductor.residency import (
@@ -313,6 +314,10 @@ class CompiledGraph:
         # after the first call its executable is used without rebuilding the signature.
         self._static_exe = None
         self._one_signature = not low.dynamic and len(self._tensor_inputs) == len(low.input_metas)
+        # Device-owned state (device_owned.py): whether the last call read it, so returned
+        # lazy results; a backward whose forward did returns lazy gradients.
+        self.lazy = False
+        self.forward: CompiledGraph | None = None
         # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
         self._needs_default_device = jax.devices()[0] != device
         quiet_readonly_numpy_warning()
@@ -326,6 +331,8 @@ class CompiledGraph:
         """Graph input ``i`` as an array the executable takes (see the class docstring)."""
         if t is None:
             return EFFECT_TOKEN  # AOTAutograd passes None for an effect token (float32[0])
+        if type(t) is DeviceTensor:  # an output of ours autograd saved for the backward
+            t = t._inner
         if self._backward:
             arr = saved_value(t)
             if arr is not None:
@@ -341,7 +348,8 @@ class CompiledGraph:
             self.transfers,
             resident=i in self._static_positions,
             keep=i in self._keep,
-            bumped=i in self._bumped,
+            # AOTAutograd bumps a DeviceTensor's own version, not its inner tensor's
+            bumped=i in self._bumped and not is_owned(t),
         )
 
     def _output(self, arr) -> torch.Tensor | None:
@@ -351,7 +359,11 @@ class CompiledGraph:
         if self.pad_to is not None and not self.exes.padding_off:
             return self._call_padded(args)
         seed = draw_seed() if self.lowered.has_rng else None
-        inputs = args if self._plain else list(args)
+        lazy = bool(device_owned.ACTIVE[0]) and (
+            any(is_owned(a) for a in args) or (self.forward is not None and self.forward.lazy)
+        )
+        self.lazy = lazy
+        inputs = args if self._plain and not lazy else list(args)
         with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
             exe = self._static_exe
             get = self._input
@@ -378,6 +390,12 @@ class CompiledGraph:
             else:
                 outs = exe(seed, *arrays)
             del arrays
+            if lazy:
+                result = self._assemble(outs, inputs, lazy=True)
+                if self.lowered.mutations:
+                    self._write_back(outs, inputs, lazy=True)
+                self.transfers.steady = True
+                return result
             if self._plain and not self._scalar_outputs:
                 result = [self._output(o) for o in outs]
             else:
@@ -387,8 +405,11 @@ class CompiledGraph:
         self.transfers.steady = True
         return result
 
-    def _assemble(self, outs, inputs: list) -> list:
-        """The declared outputs from the executable's results (see ``LoweredGraph``)."""
+    def _assemble(self, outs, inputs: list, lazy: bool = False) -> list:
+        """The declared outputs from the executable's results (see ``LoweredGraph``).
+
+        ``lazy``: the graph read device-owned state, so its results are DeviceTensors that
+        cross only when read (see ``device_owned.py``)."""
         handles = bool(self._saved) and not saved_tensors_hooks_active()
         result = []
         for j, (kind, k) in enumerate(self.lowered.output_plan):
@@ -396,24 +417,37 @@ class CompiledGraph:
                 result.append(inputs[k])
             elif kind == "dup":
                 result.append(result[k])
+            elif kind == "detach":  # a saved alias of output k: share its version counter
+                r = result[k]
+                result.append(r if saved_value(r) is not None else r.detach())
             elif j in self._scalar_outputs:
                 result.append(outs[k].item())
             elif j in self._saved and isinstance(outs[k], jax.Array):
                 o = outs[k]
                 if handles:
-                    result.append(saved_handle(o, self.lowered.output_metas[j].dtype))
+                    h = saved_handle(o, self.lowered.output_metas[j].dtype)
+                    if lazy:
+                        setattr(h, device_owned.OWNED, True)  # so the backward is lazy too
+                    result.append(h)
                 else:
                     result.append(output_to_host(o, self.transfers, "materialize"))
+            elif lazy and isinstance(outs[k], jax.Array):
+                result.append(lazy_output(outs[k], self.lowered.output_metas[j].dtype))
             else:
                 result.append(self._output(outs[k]))
         return result
 
-    def _write_back(self, outs, inputs: list) -> None:
+    def _write_back(self, outs, inputs: list, lazy: bool = False) -> None:
         """Host copies of the inputs the graph updated in place; their new device values are
-        recorded as current, so the next graph reading them sends nothing."""
+        recorded as current, so the next graph reading them sends nothing. With ``lazy``,
+        device-owned inputs get no host copy: it is made when they are read."""
         with torch.no_grad():
             for m in self.lowered.mutations:
                 t, new = inputs[m.input_index], outs[m.value_index]
+                if lazy and is_owned(t):
+                    mark_pending(t, new)
+                    VALUES.record(t, new)
+                    continue
                 delta = m.delta
                 if delta is not None and delta[0] == "index_copy":
                     _, dim, index, source = delta
@@ -460,6 +494,8 @@ class CompiledGraph:
                     result.append(originals[k])
                 elif kind == "dup":
                     result.append(result[k])
+                elif kind == "detach":
+                    result.append(result[k].detach())
                 else:
                     o = buckets.slice_output(outs[k], low.output_metas[j], real)
                     result.append(o if j in self._scalar_outputs else self._output(o))
@@ -491,7 +527,8 @@ def device_input(
     arr = VALUES.lookup(t, bumped)
     if arr is not None:
         return arr
-    if resident or keep:
+    device_owned.sync(t)  # a device-owned value whose device copy is gone: its host copy first
+    if resident or keep or is_owned(t):
         arr = tensor_to_jax(t, device)
         VALUES.record(t, arr)
         reason = "resident" if resident else "input"
@@ -513,6 +550,7 @@ def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tenso
 
 def _fmt_tensor(t: torch.Tensor) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
 
 def _python_scalar(v):
     """SymInts/SymFloats that reach a graph are concrete here; make them plain Python."""

@@ -14,6 +14,8 @@ device -> host
                    when the update is an ``index_copy_`` or slice assignment)
   ``materialize``  a device-held value copied to the host because something outside a compiled
                    region needs it (saved activations under ``saved_tensors_hooks``)
+  ``sync``         the host copy of device-owned state (``keep_on_device``) refreshed because
+                   eager code read it: counted in the total only, not per graph
 
 In steady state (a graph's second call onwards) a ``resident`` re-import or a ``materialize``
 is unexpected: ``options={"transfers": "log"}`` logs each one, ``"error"`` raises
@@ -31,7 +33,10 @@ log = logging.getLogger("tpu_inductor")
 
 H2D = "host_to_device"
 D2H = "device_to_host"
-REASONS = {H2D: ("input", "resident"), D2H: ("output", "write-back", "materialize")}
+REASONS = {
+    H2D: ("input", "resident"),
+    D2H: ("output", "write-back", "materialize", "sync"),
+}
 UNEXPECTED = frozenset({"resident", "materialize"})
 
 _FIXES = {

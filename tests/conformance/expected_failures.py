@@ -89,9 +89,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
         "bool": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
     },
-    "matrix_exp": {
-        "bfloat16": "mismatch: output 25/25 elements, max abs diff inf, 25 NaN(s) differ",
-    },
     "nn.functional.ctc_loss": {
         "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
     },
