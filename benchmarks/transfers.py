@@ -5,10 +5,13 @@
 On CPU every crossing is zero-copy, so time alone can't show them; the backend counts each one
 where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads:
 
-- ``train``: a transformers Llama (hidden 256, 4 layers, vocab 1024: 11.5 MB of float32
-  parameters), batch 2 x 64, compiled model + compiled AdamW ``opt.step``, steady state;
+- ``train``: a transformers Llama (hidden 256, 4 layers, vocab 1024: 18.9 MB of float32
+  parameters), batch 2 x 64, compiled model + compiled AdamW ``opt.step``, steady state, the
+  loss read every step; ``keep``: the same with ``tpu_inductor.keep_on_device(model, opt)``;
+  ``keep-read10``: that, reading the loss every 10th step (nothing blocks in between);
 - ``decode``: greedy ``generate()`` with a static KV cache (16 prompt + 16 new tokens), bytes
-  per generated token against the cache's size;
+  per generated token against the cache's size, over a whole generate and per decode step;
+  ``decode-keep``: the same with ``keep_on_device(model)``;
 - ``mlp``: one inference call of ``Linear(64, 256) -> GELU -> Linear(256, 64)`` at 1 x 64.
 
 Prints one table and writes ``benchmarks/results/transfers.json``; ``--json-only`` skips the
@@ -64,8 +67,11 @@ def _delta(before, after) -> dict:
     }
 
 
-def train(steps: int = 5, warmup: int = 3, keep_on_device: bool = False) -> dict:
-    """Steady-state bytes and time per training step (loss read every step)."""
+def train(
+    steps: int = 5, warmup: int = 3, keep_on_device: bool = False, read_every: int = 1
+) -> dict:
+    """Steady-state bytes and time per training step (the loss read every ``read_every``
+    steps: with keep_on_device nothing blocks in between, so steps can pipeline)."""
     import tpu_inductor
     from tpu_inductor.transfers import TOTAL
 
@@ -78,24 +84,26 @@ def train(steps: int = 5, warmup: int = 3, keep_on_device: bool = False) -> dict
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 1024, (2, 64), generator=gen)
 
-    def step():
+    def step(i):
         opt.zero_grad(set_to_none=True)
         loss = cmodel(input_ids=ids, labels=ids).loss
         loss.backward()
         cstep()
-        return float(loss)
+        return float(loss.detach()) if (i + 1) % read_every == 0 else None
 
-    for _ in range(warmup):
-        step()
+    for i in range(warmup):
+        step(i)
     before = TOTAL.copy()
     start = time.perf_counter()
-    losses = [step() for _ in range(steps)]
+    losses = [step(i) for i in range(steps)]
     seconds = (time.perf_counter() - start) / steps
     d = _delta(before, TOTAL.copy())
     params = _param_bytes(model)
     per = {k: v / steps for k, v in d["by_reason"].items()}
     return {
-        "workload": "train" + ("-keep_on_device" if keep_on_device else ""),
+        "workload": "train"
+        + ("-keep_on_device" if keep_on_device else "")
+        + (f"-read_every_{read_every}" if read_every != 1 else ""),
         "param_bytes": params,
         "h2d_per_step": d["host_to_device"] / steps,
         "d2h_per_step": d["device_to_host"] / steps,
@@ -103,15 +111,20 @@ def train(steps: int = 5, warmup: int = 3, keep_on_device: bool = False) -> dict
         "d2h_x_params": d["device_to_host"] / steps / params,
         "by_reason_per_step": per,
         "ms_per_step": seconds * 1e3,
-        "last_loss": losses[-1],
+        "last_loss": next(x for x in reversed(losses) if x is not None),
     }
 
 
-def decode(prompt: int = 16, new: int = 16) -> dict:
-    """Bytes per generated token of greedy static-cache decoding, against the cache's bytes."""
+def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dict:
+    """Bytes per generated token of greedy static-cache decoding, against the cache's bytes:
+    over a whole ``generate`` (prefill included) and per decode step (the difference between
+    generating ``new`` and ``new // 2`` tokens)."""
+    import tpu_inductor
     from tpu_inductor.transfers import TOTAL
 
     model = _llama().eval()
+    if keep_on_device:
+        tpu_inductor.keep_on_device(model)
     model.generation_config.pad_token_id = 0
     ids = torch.randint(3, 1024, (1, prompt), generator=torch.Generator().manual_seed(2))
     model.forward = torch.compile(model.forward, backend="tpu")
@@ -126,21 +139,34 @@ def decode(prompt: int = 16, new: int = 16) -> dict:
             cache_implementation="static",
         )
 
-    run(new)  # compile prefill and decode
+    half = new // 2
+    run(new), run(half)  # compile prefill and decode for both cache lengths
     before = TOTAL.copy()
     start = time.perf_counter()
-    run(new)
+    tokens = run(new)
     seconds = time.perf_counter() - start
     d = _delta(before, TOTAL.copy())
+    mid = TOTAL.copy()
+    run(half)
+    d_half = _delta(mid, TOTAL.copy())
+    step_bytes = (
+        d["host_to_device"]
+        + d["device_to_host"]
+        - d_half["host_to_device"]
+        - d_half["device_to_host"]
+    ) / (new - half)
     cfg = model.config
     max_len = prompt + new
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     cache = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * 4
     total = d["host_to_device"] + d["device_to_host"]
     return {
-        "workload": "decode",
+        "workload": "decode" + ("-keep_on_device" if keep_on_device else ""),
         "cache_bytes": cache,
         "bytes_per_token": total / new,
+        "bytes_per_decode_step": step_bytes,
+        "x_cache_per_decode_step": step_bytes / cache,
+        "tokens": tokens[0].tolist(),
         "h2d_per_token": d["host_to_device"] / new,
         "d2h_per_token": d["device_to_host"] / new,
         "x_cache_per_token": total / new / cache,
@@ -192,10 +218,12 @@ def table(results: list[dict]) -> str:
             )
             nonzero = {k: v for k, v in r["by_reason_per_step"].items() if v}
             lines.append("    per step: " + ", ".join(f"{k} {_fmt(v)}" for k, v in nonzero.items()))
-        elif w == "decode":
+        elif w.startswith("decode"):
             lines.append(
-                f"decode: {r['ms_per_token']:.1f} ms/token; {_fmt(r['bytes_per_token'])}/token both"
-                f" ways ({r['x_cache_per_token']:.3f}x the {_fmt(r['cache_bytes'])} KV cache)"
+                f"{w}: {r['ms_per_token']:.1f} ms/token; {_fmt(r['bytes_per_token'])}/token both"
+                f" ways over a generate ({r['x_cache_per_token']:.3f}x the "
+                f"{_fmt(r['cache_bytes'])} KV cache), {_fmt(r['bytes_per_decode_step'])} per decode"
+                f" step ({r['x_cache_per_decode_step']:.3f}x)"
             )
         else:
             lines.append(
@@ -208,13 +236,17 @@ def table(results: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["train", "keep", "decode", "mlp"], action="append")
+    parser.add_argument(
+        "--only",
+        choices=["train", "keep", "keep-read10", "decode", "decode-keep", "mlp"],
+        action="append",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     import tpu_inductor
 
-    todo = args.only or ["train", "keep", "decode", "mlp"]
+    todo = args.only or ["train", "keep", "keep-read10", "decode", "decode-keep", "mlp"]
     results = []
     for name in todo:
         torch._dynamo.reset()
@@ -222,10 +254,13 @@ def main(argv=None) -> int:
         if name == "train":
             results.append(train(args.steps))
         elif name == "keep":
-            if hasattr(tpu_inductor, "keep_on_device"):
-                results.append(train(args.steps, keep_on_device=True))
+            results.append(train(args.steps, keep_on_device=True))
+        elif name == "keep-read10":
+            results.append(train(max(args.steps, 10), keep_on_device=True, read_every=10))
         elif name == "decode":
             results.append(decode())
+        elif name == "decode-keep":
+            results.append(decode(keep_on_device=True))
         else:
             results.append(mlp())
     RESULTS.mkdir(exist_ok=True)
