@@ -415,8 +415,11 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def readme_block(results: dict[str, Any], json_path: str, png_path: str | None) -> str:
-    """The README's performance block (between the markers), from one results file."""
+def readme_block(
+    results: dict[str, Any], json_path: str, png_path: str | None, transfers: dict | None = None
+) -> str:
+    """The README's performance block (between the markers), from one results file (and the
+    bytes-per-step results of ``python -m benchmarks.transfers`` when given)."""
     lines = [
         START,
         f"<!-- Written by scripts/update_readme_perf.py from {json_path}; do not edit by hand. -->",
@@ -429,10 +432,79 @@ def readme_block(results: dict[str, Any], json_path: str, png_path: str | None) 
         tables(results).rstrip(),
         "",
     ]
+    if transfers:
+        lines += [transfers_table(transfers), ""]
     if png_path:
         lines += [f"![benchmark plot]({png_path})", ""]
     lines.append(END)
     return "\n".join(lines)
+
+
+def transfers_table(record: dict[str, Any]) -> str:
+    """The bytes-per-step table from ``python -m benchmarks.transfers``'s results file."""
+    m = record.get("machine", {})
+    load = m.get("load_avg")
+    lines = [
+        "Bytes crossing host <-> device per step, counted where an accelerator would copy "
+        f"(`{record.get('command', 'python -m benchmarks.transfers')}`, {m.get('cpu_count', '?')}"
+        f" CPUs, load avg {load[0]:.1f} at start, {record.get('date', '?')}). The Llama is "
+        "hidden 256, 4 layers, vocab 1024; `keep` is `tpu_inductor.keep_on_device(model, opt)`"
+        "; decode is greedy static-cache `generate()`, 16 prompt + 16 new tokens."
+        if load
+        else "Bytes crossing host <-> device per step (`python -m benchmarks.transfers`).",
+        "",
+        "| workload | time | host->device | device->host | ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in record.get("results", []):
+        w = r["workload"]
+        if w.startswith("train"):
+            ratio = (r["h2d_per_step"] + r["d2h_per_step"]) / r["param_bytes"]
+            lines.append(
+                _row(
+                    [
+                        f"Llama {w} step",
+                        f"{r['ms_per_step']:.0f} ms",
+                        _bytes(r["h2d_per_step"]),
+                        _bytes(r["d2h_per_step"]),
+                        f"{ratio:.5f}x params ({_bytes(r['param_bytes'])})",
+                    ]
+                )
+            )
+        elif w.startswith("decode"):
+            lines.append(
+                _row(
+                    [
+                        f"{w}, per token over a generate / per decode step",
+                        f"{r['ms_per_token']:.1f} ms/token",
+                        _bytes(r["h2d_per_token"]),
+                        _bytes(r["d2h_per_token"]),
+                        f"{r['x_cache_per_token']:.3f}x / {r['x_cache_per_decode_step']:.3f}x "
+                        f"the KV cache ({_bytes(r['cache_bytes'])})",
+                    ]
+                )
+            )
+        elif w == "mlp":
+            lines.append(
+                _row(
+                    [
+                        "MLP 1x64 inference call",
+                        "-",
+                        _bytes(r["h2d_per_call"]),
+                        _bytes(r["d2h_per_call"]),
+                        f"input {r['input_bytes']} B, output {r['output_bytes']} B",
+                    ]
+                )
+            )
+    return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} MB"
+    if n >= 1e4:
+        return f"{n / 1e3:.1f} KB"
+    return f"{n:.0f} B"
 
 
 def update_readme(readme: Path, block: str) -> None:
@@ -460,5 +532,11 @@ def write_readme(json_path: Path, readme: Path) -> None:
     base = readme.resolve().parent
     rel = lambda p: Path(os.path.relpath(Path(p).resolve(), base)).as_posix()  # noqa: E731
     png = Path(json_path).with_name(results["plot"]) if results.get("plot") else None
-    block = readme_block(results, rel(json_path), rel(png) if png and png.exists() else None)
+    moved = Path(json_path).with_name("transfers.json")
+    transfers = json.loads(moved.read_text()) if moved.exists() else None
+    if isinstance(transfers, list):  # an older results file, without the run's machine
+        transfers = {"results": transfers}
+    block = readme_block(
+        results, rel(json_path), rel(png) if png and png.exists() else None, transfers
+    )
     update_readme(readme, block)

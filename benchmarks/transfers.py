@@ -21,11 +21,15 @@ table. Each ratio is bytes per step over the model's parameter bytes (or the cac
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import pathlib
+import sys
 import time
 
 import torch
+
+from benchmarks.suite import machine_info
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -246,6 +250,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import tpu_inductor
 
+    machine = machine_info()  # before the runs, so the load average is the starting one
     todo = args.only or ["train", "keep", "keep-read10", "decode", "decode-keep", "mlp"]
     results = []
     for name in todo:
@@ -263,8 +268,16 @@ def main(argv=None) -> int:
             results.append(decode(keep_on_device=True))
         else:
             results.append(mlp())
+    record = {
+        "command": " ".join(
+            ["python -m benchmarks.transfers", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine,
+        "results": results,
+    }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "transfers.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / "transfers.json").write_text(json.dumps(record, indent=2) + "\n")
     if not args.json_only:
         print(table(results))
     return 0

@@ -24,7 +24,10 @@ from benchmarks.report import write_readme  # noqa: E402
 
 def newest_result(folder: Path = ROOT / "benchmarks" / "results") -> Path:
     """The most recently written results JSON in ``folder``."""
-    found = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    found = sorted(
+        (p for p in folder.glob("*.json") if p.name != "transfers.json"),
+        key=lambda p: p.stat().st_mtime,
+    )
     if not found:
         raise SystemExit(f"no results in {folder}: run python -m benchmarks.run --quick first")
     return found[-1]

@@ -233,6 +233,8 @@ class DeviceTensor(torch.Tensor):
 
     def __deepcopy__(self, memo):
         new = DeviceTensor(copy.deepcopy(self.host().detach(), memo), self.requires_grad)
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
         memo[id(self)] = new
         return new
 
