@@ -55,14 +55,12 @@ class DeviceValues:
         if e is None:
             return None
         ref, version, shape, stride, dtype, arr = e
-        want = t._version - 1 if bumped else t._version
-        if (
-            version != want
-            or ref() is None
-            or shape != t.shape
-            or dtype != t.dtype
-            or stride != t.stride()
-        ):
+        if version != (t._version - 1 if bumped else t._version):
+            return None
+        owner = ref()
+        if owner is t:  # the recorded tensor itself: any resize or restride bumped its version
+            return arr
+        if owner is None or shape != t.shape or dtype != t.dtype or stride != t.stride():
             return None
         return arr
 
