@@ -170,6 +170,11 @@ def _aot_backend(
     return capture.aot_backend(compiler("forward"), compiler("backward"), compiler("inference"))
 
 
+# Tests set this to run the accelerators' donation path on CPU (JAX's CPU client donates too);
+# executables already built keep what they were built with, so clear the cache around it.
+DONATE_ON_CPU = False
+
+
 def compile_graph(
     gm: fx.GraphModule,
     opts: Options,
@@ -212,7 +217,8 @@ def compile_graph(
         name = f"graph{next(_graph_ids)}-{kind}"
         dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
-        donate = [m.input_index for m in lowered.mutations] if platform != "cpu" else []
+        donating = platform != "cpu" or DONATE_ON_CPU
+        donate = [m.input_index for m in lowered.mutations] if donating else []
         return Executables(
             lowered,
             opts.max_executables,
