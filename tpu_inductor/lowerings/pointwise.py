@@ -72,7 +72,6 @@ for _op, _f in UNARY_FLOAT.items():
 # --- unary ops that keep the input dtype ---------------------------------------------------------
 UNARY_SAME = {
     aten.neg.default: jnp.negative,
-    aten.abs.default: jnp.abs,
     aten.relu.default: lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
     aten.sign.default: lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x),
     aten.floor.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.floor(x),
@@ -86,6 +85,10 @@ UNARY_SAME = {
 }
 for _op, _f in UNARY_SAME.items():
     register_lowering(_op, promote=P.DEFAULT)(_unary(_f))
+
+# Complex in, real out (|z|); every other dtype is kept. COMPLEX_TO_FLOAT is torch's kind for abs:
+# with DEFAULT the registry cast |z| back to complex64.
+register_lowering(aten.abs.default, promote=P.COMPLEX_TO_FLOAT)(_unary(jnp.abs))
 
 # --- predicates -----------------------------------------------------------------------------------
 PREDICATES = {
@@ -462,10 +465,14 @@ def frexp(ctx, self):
 
 
 # aten::angle(Tensor self) -> Tensor
-@register_lowering(aten.angle.default, promote=P.INT_TO_FLOAT)
+@register_lowering(aten.angle.default)
 def angle(ctx, self):
+    # Not a registry promotion kind: complex -> real (like COMPLEX_TO_FLOAT) and int/bool ->
+    # the default float (like INT_TO_FLOAT). torch says which in meta["val"].
+    out = ctx.out_dtype()
     if jnp.issubdtype(self.dtype, jnp.complexfloating):
-        return jnp.angle(self)
+        return jnp.angle(self).astype(out)
+    self = self.astype(out)
     # Real inputs: pi for negative numbers, 0 otherwise (also for -0.0), NaN stays NaN.
     out = jnp.where(self < 0, jnp.asarray(np.pi, self.dtype), jnp.zeros_like(self))
     return jnp.where(jnp.isnan(self), self, out)

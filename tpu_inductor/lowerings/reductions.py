@@ -173,7 +173,9 @@ def logsumexp(ctx, self, dim, keepdim=False):
 @register_lowering(aten.linalg_vector_norm.default)
 def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
-    x = jnp.abs(self.astype(_acc(out) if dtype is None else jnp.dtype(out)))
+    # |z| before the cast: out is real for complex inputs, and casting z first drops Im(z).
+    x = jnp.abs(self) if jnp.issubdtype(self.dtype, jnp.complexfloating) else self
+    x = jnp.abs(x.astype(_acc(out) if dtype is None else jnp.dtype(out)))
     axes = _dims(dim, self.ndim)
     if ord == float("inf"):
         r = jnp.max(x, axis=axes, keepdims=keepdim)
