@@ -30,7 +30,7 @@ from tpu_inductor.errors import (
     UnsupportedOpError,
 )
 from tpu_inductor.lowerings import LOWERINGS, LoweringContext
-from tpu_inductor.lowerings.unsupported import UNSUPPORTED
+from tpu_inductor.lowerings.unsupported import UNSUPPORTED, refusal
 from tpu_inductor.shapes import bind, concrete_shape, graph_is_dynamic
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
@@ -58,7 +58,13 @@ PYTHON_OPS: dict[Any, Callable] = {
     torch.sym_max: max,
     torch.sym_min: min,
     torch.sym_not: operator.not_,
+    torch.sym_ite: lambda b, t, f: jnp.where(b, t, f) if _traced(b) else (t if b else f),
 }
+
+def _traced(x) -> bool:
+    """Whether a Python-level value is a JAX value (a scalar read with ``.item()``)."""
+    return isinstance(x, jax.Array | jax.core.Tracer)
+
 
 PRECISIONS = {
     "highest": lax.Precision.HIGHEST,
@@ -68,8 +74,10 @@ PRECISIONS = {
 
 
 def user_frame(node: fx.Node) -> str:
-    """The user's source line for a node (last frame of its stack trace), or ``"<unknown>"``."""
-    trace = node.meta.get("stack_trace")
+    """The user's source line for a node: the last frame of its stack trace or, for a node
+    AOTAutograd made without one (a decomposition's cast), of the nearest node that consumes
+    it (then that it consumes) that has one; ``"<unknown source line>"`` if none has."""
+    trace = _nearest_trace(node)
     if not trace:
         return "<unknown source line>"
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
@@ -80,6 +88,26 @@ def user_frame(node: fx.Node) -> str:
             )
             return f"{lines[i]}: {code}" if code else lines[i]
     return lines[-1]
+
+
+def _nearest_trace(node) -> str | None:
+    trace = node.meta.get("stack_trace")
+    if trace or not isinstance(node, fx.Node):
+        return trace
+    for step in (lambda n: n.users, lambda n: n.all_input_nodes):
+        seen, frontier = {node}, [node]
+        while frontier:
+            nxt = []
+            for n in frontier:
+                for m in step(n):
+                    if m in seen or m.op == "output":
+                        continue
+                    if m.meta.get("stack_trace"):
+                        return m.meta["stack_trace"]
+                    seen.add(m)
+                    nxt.append(m)
+            frontier = nxt
+    return None
 
 
 def describe_value(v) -> str:
@@ -166,9 +194,21 @@ WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
 
 
 def is_lowerable(node: fx.Node) -> bool:
-    """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run)."""
+    """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run) that
+    handles its arguments (``lowerings.unsupported.REFUSED`` says when one does not)."""
     target = node.args[1] if node.target is WITH_EFFECTS else node.target
-    return target in LOWERINGS or target in PYTHON_OPS or target is COPY_
+    if target in PYTHON_OPS or target is COPY_:
+        return True
+    if target not in LOWERINGS:
+        return False
+    return refusal(_effect_free_view(node) if node.target is WITH_EFFECTS else node) is None
+
+
+def why_unsupported(node: fx.Node) -> str | None:
+    """The reason a node is not lowered on purpose (``lowerings.unsupported``), if one is known."""
+    if node.target in LOWERINGS:
+        return refusal(node)
+    return UNSUPPORTED.get(node.target)
 
 
 def _effect_free_view(node: fx.Node) -> Any:
@@ -197,7 +237,7 @@ def check_supported(gm: fx.GraphModule) -> None:
         if is_lowerable(node):
             continue
         line = f"{describe_node(node)}\n      at {user_frame(node)}"
-        reason = UNSUPPORTED.get(node.target)
+        reason = why_unsupported(node)
         if reason is not None:
             line += f"\n      not supported: {reason}"
         missing.append(line)

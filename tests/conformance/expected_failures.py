@@ -23,13 +23,13 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bool": "mismatch: output 7999/8000 elements, max abs diff 7.98e+03",
     },
     "argwhere": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
+        "float32": "unsupported op: aten.nonzero.default",
+        "bfloat16": "unsupported op: aten.nonzero.default",
+        "int64": "unsupported op: aten.nonzero.default",
+        "bool": "unsupported op: aten.nonzero.default",
     },
     "bincount": {
-        "int64": "unsupported op: aten._assert_scalar.default, aten.bincount.default",
+        "int64": "unsupported op: aten.bincount.default",
     },
     "chalf": {
         "float32": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
@@ -38,10 +38,10 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "bool": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
     },
     "combinations": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
+        "float32": "unsupported op: aten.masked_select.default",
+        "bfloat16": "unsupported op: aten.masked_select.default",
+        "int64": "unsupported op: aten.masked_select.default",
+        "bool": "unsupported op: aten.masked_select.default",
     },
     "corrcoef": {
         "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
@@ -62,12 +62,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "gcd": {
         "int64": "unsupported op: prims.gcd.default",
     },
-    "item": {
-        "float32": "unsupported op: aten._local_scalar_dense.default",
-        "bfloat16": "unsupported op: aten._local_scalar_dense.default",
-        "int64": "unsupported op: aten._local_scalar_dense.default",
-        "bool": "unsupported op: sym_ite, aten._assert_scalar.default, aten._local_scalar_dense.default",
-    },
     "kthvalue": {
         "int64": "mismatch: output[1] 6/25 elements, max abs diff 3",
     },
@@ -84,10 +78,10 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
     },
     "masked_select": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten.masked_select.default",
+        "float32": "unsupported op: aten.masked_select.default",
+        "bfloat16": "unsupported op: aten.masked_select.default",
+        "int64": "unsupported op: aten.masked_select.default",
+        "bool": "unsupported op: aten.masked_select.default",
     },
     "nn.functional.ctc_loss": {
         "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
@@ -100,13 +94,10 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "capture: dynamo can't capture: UserError: Could not extract specialized integer from data-dependent expression u0 (unhinted: u0). (Size-like symbols: none)",
     },
     "nonzero": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten.nonzero.default",
-    },
-    "renorm": {
-        "bfloat16": "unsupported op: prims.convert_element_type.default",
+        "float32": "unsupported op: aten.nonzero.default",
+        "bfloat16": "unsupported op: aten.nonzero.default",
+        "int64": "unsupported op: aten.nonzero.default",
+        "bool": "unsupported op: aten.nonzero.default",
     },
     "resize_": {
         "float32": "capture: dynamo can't capture: Unsupported: Unsupported Tensor.resize_() call",
@@ -132,10 +123,10 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "float32": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor",
     },
     "tensor_split": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten._local_scalar_dense.default",
+        "float32": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
+        "bfloat16": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
+        "int64": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
+        "bool": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
     },
     "to_sparse": {
         "float32": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor with VariableTracker",
@@ -147,16 +138,16 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "int64": "mismatch: output[1] 16/150 elements, max abs diff 4",
     },
     "unique": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten._unique2.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten._unique2.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten._unique2.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten._unique2.default",
+        "float32": "unsupported op: aten._unique2.default",
+        "bfloat16": "unsupported op: aten._unique2.default",
+        "int64": "unsupported op: aten._unique2.default",
+        "bool": "unsupported op: aten._unique2.default",
     },
     "unique_consecutive": {
-        "float32": "unsupported op: aten._assert_scalar.default, aten.unique_consecutive.default",
-        "bfloat16": "unsupported op: aten._assert_scalar.default, aten.unique_consecutive.default",
-        "int64": "unsupported op: aten._assert_scalar.default, aten.unique_consecutive.default",
-        "bool": "unsupported op: aten._assert_scalar.default, aten.unique_consecutive.default",
+        "float32": "unsupported op: aten.unique_consecutive.default",
+        "bfloat16": "unsupported op: aten.unique_consecutive.default",
+        "int64": "unsupported op: aten.unique_consecutive.default",
+        "bool": "unsupported op: aten.unique_consecutive.default",
     },
 }
 

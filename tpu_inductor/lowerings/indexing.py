@@ -48,12 +48,41 @@ def index(ctx, self, indices):
     aten.index_put.default, aten.index_put.hacked_twin, aten._unsafe_index_put.default
 )
 def index_put(ctx, self, indices, values, accumulate=False):
+    if any(i is not None and i.dtype in (jnp.bool_, jnp.uint8) for i in indices):
+        return _mask_put(self, list(indices), values, accumulate)
     idx = _index_tuple(self, indices)
     values = values.astype(self.dtype)
     if accumulate:
         # NOTE: duplicate indices all accumulate, like torch's accumulate=True (or, for bools).
         return _like(_int_if_bool(self).at[idx].add(_int_if_bool(values)), self.dtype)
     return self.at[idx].set(values)
+
+
+def _mask_put(self, indices, values, accumulate):
+    """``x[mask] = v`` (``x[:, mask] = v``): every True position takes the next value, in
+    row-major order, or the one value that broadcasts; a where, not a data-dependent shape.
+    ``unsupported.REFUSED`` lets only a mask after leading Nones through."""
+    while indices[-1] is None:
+        indices.pop()
+    mask, p = indices[-1], len(indices) - 1
+    rest = self.shape[p + mask.ndim :]
+    # v broadcasts to x[mask]'s shape: lead + (n_true,) + rest. Its n_true axis has a static
+    # size n here: 1 (one value for every True) or the number of Trues (torch checks that).
+    lead = self.shape[:p]
+    values = values.astype(self.dtype)
+    values = values.reshape((1,) * (len(lead) + 1 + len(rest) - values.ndim) + values.shape)
+    n = values.shape[p]
+    values = jnp.broadcast_to(values, lead + (n,) + rest)
+    mask = mask.astype(jnp.bool_)
+    # NOTE: a values axis of n > 1 that is not the number of Trues, which torch rejects, gives
+    # the k-th True the min(k, n-1)-th value instead of raising.
+    rank = jnp.clip(jnp.cumsum(mask.reshape(-1).astype(jnp.int32)) - 1, 0, n - 1)
+    spread = jnp.take(values, rank.reshape(mask.shape), axis=p)  # lead + mask.shape + rest
+    where = mask.reshape((1,) * p + mask.shape + (1,) * len(rest))
+    if not accumulate:
+        return jnp.where(where, spread, self)
+    added = _int_if_bool(self) + jnp.where(where, _int_if_bool(spread), 0)
+    return _like(added, self.dtype)
 
 
 @register_lowering(aten._unsafe_index.Tensor)

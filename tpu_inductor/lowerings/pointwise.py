@@ -403,6 +403,13 @@ def to_copy(
     return _cast(self, ctx.out_dtype())
 
 
+# prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor: what a float .item()
+# becomes under capture_scalar_outputs (a float32 -> float64 -> float32 round trip).
+@register_lowering(torch.ops.prims.convert_element_type.default)
+def convert_element_type(ctx, a, dtype):
+    return _cast(a, ctx.out_dtype())
+
+
 def _cast(x, dtype):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(

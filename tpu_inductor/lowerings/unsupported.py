@@ -8,9 +8,18 @@ added.
 XLA compiles programs whose every shape is known before they run, so ops whose output shape
 depends on tensor values, and ops that hand a tensor value back to Python in the middle of a
 graph, have no lowering.
+
+``REFUSED`` is for ops that *are* lowered, but not for every argument: its predicate gets the FX
+node and returns why this node cannot be lowered (or ``None``). ``lower.is_lowerable`` asks it,
+so such a node is sent to eager (``fallback="eager"``) or listed in the ``UnsupportedOpError``
+up front, instead of failing mid-trace. This is DESIGN.md's ``supports=`` predicate, kept here
+beside the other reasons.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -39,10 +48,81 @@ UNSUPPORTED: dict[torch._ops.OpOverload, str] = {
     aten.unique_dim.default: _DYNAMIC_SHAPE
     + ", or torch.unique on CPU outside the compiled region",
     aten.unique_consecutive.default: _DYNAMIC_SHAPE,
-    aten._local_scalar_dense.default: _SCALAR,
     aten.resize_.default: (
         "it changes a tensor's size in place, which a functional XLA program cannot express. "
         "What to do: allocate a new tensor of the target size (x.new_empty(shape), torch.empty) "
         "or use reshape/view when the number of elements is unchanged"
     ),
 }
+
+
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _is_mask(a) -> bool:
+    val = getattr(a, "meta", {}).get("val")
+    return isinstance(val, torch.Tensor) and val.dtype in _MASK_DTYPES
+
+
+def _bool_mask_read(node) -> str | None:
+    # aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
+    if not any(_is_mask(i) for i in node.args[1]):
+        return None
+    return "boolean-mask read x[mask]: " + _DYNAMIC_SHAPE + " (or x.masked_fill(~mask, 0))"
+
+
+def _bool_mask_write(node) -> str | None:
+    # aten::index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False)
+    # Lowered (a where) when the one tensor index is a boolean mask after leading Nones:
+    # x[mask] = v, x[:, mask] = v, for any v that broadcasts.
+    indices = list(node.args[1])
+    if not any(_is_mask(i) for i in indices):
+        return None
+    while indices and indices[-1] is None:
+        indices.pop()
+    mask = indices[-1] if indices else None
+    if _is_mask(mask) and all(i is None for i in indices[:-1]) and mask.meta["val"].ndim > 0:
+        return None
+    return (
+        "x[...] = v with a boolean mask mixed with other tensor indices (or a 0-d mask): the "
+        "mask's positions depend on its values. What to do: index with the mask alone "
+        "(x[mask] = v and x[:, mask] = v are lowered) or use torch.where(mask, v, x)"
+    )
+
+
+def _scalar_read_as_size(node) -> str | None:
+    # aten::_local_scalar_dense(Tensor self) -> Scalar: lowered unless the value (through any
+    # Python arithmetic on it) reaches an op whose output shape is data-dependent.
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    users = list(getattr(node, "users", ()))  # none for a with_effects view
+    seen = set(users)
+    while users:
+        user = users.pop()
+        if not isinstance(user.target, torch._ops.OpOverload):  # operator.add, sym_max, ...
+            more = [u for u in user.users if u not in seen]
+            seen.update(more)
+            users.extend(more)
+            continue
+        vals = user.meta.get("val")
+        for v in vals if isinstance(vals, list | tuple) else [vals]:
+            if isinstance(v, torch.Tensor) and free_unbacked_symbols(v):
+                return "its value becomes a tensor size: " + _SCALAR
+    return None
+
+
+REFUSED: dict[torch._ops.OpOverload, Callable[[Any], str | None]] = {
+    aten.index.Tensor: _bool_mask_read,
+    aten.index.Tensor_hacked_twin: _bool_mask_read,
+    aten._unsafe_index.Tensor: _bool_mask_read,
+    aten.index_put.default: _bool_mask_write,
+    aten.index_put.hacked_twin: _bool_mask_write,
+    aten._unsafe_index_put.default: _bool_mask_write,
+    aten._local_scalar_dense.default: _scalar_read_as_size,
+}
+
+
+def refusal(node) -> str | None:
+    """Why a node whose op has a lowering cannot be lowered with these arguments, or ``None``."""
+    check = REFUSED.get(node.target)
+    return None if check is None else check(node)

@@ -296,3 +296,32 @@ def sym_stride(ctx, self, dim):
 @register_lowering(aten.sym_storage_offset.default)
 def sym_storage_offset(ctx, self):
     return 0
+
+
+# Scalars read from tensors (.item() under capture_scalar_outputs) and torch's checks on them.
+# aten::_local_scalar_dense(Tensor self) -> Scalar
+@register_lowering(aten._local_scalar_dense.default)
+def local_scalar_dense(ctx, self):
+    # The value stays a 0-d array in the program; ops taking it as a Scalar promote it as the
+    # number torch sees (arg_metas holds the SymInt/SymFloat). unsupported.REFUSED sends a read
+    # whose value becomes a size to eager: XLA needs sizes before the program runs.
+    return jnp.reshape(self, ())
+
+
+# aten::_assert_scalar(Scalar self, str assert_msg) -> ()
+@register_lowering(aten._assert_scalar.default)
+def assert_scalar(ctx, self, assert_msg):
+    # A size assertion (u0 >= 0, s0 <= 12) is concrete here and checked while tracing, once
+    # per signature. NOTE: a condition on a value read in the program (.item()) is dropped:
+    # an XLA program cannot raise.
+    if isinstance(self, bool | int | float | np.bool_) and not self:
+        raise RuntimeError(assert_msg)
+    return None
+
+
+# aten::sym_constrain_range(Scalar size, *, int? min=None, int? max=None) -> ()
+@register_lowering(aten.sym_constrain_range.default, aten.sym_constrain_range_for_size.default)
+def sym_constrain_range(ctx, size, *, min=None, max=None):
+    # torch._check_is_size / constrain_as_size: range facts for the symbolic-shape solver,
+    # nothing to compute.
+    return None
