@@ -23,12 +23,15 @@ import torch.fx as fx
 from tpu_inductor import cache, capture, export_cache
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
+from tpu_inductor.errors import UnsupportedInputError
 from tpu_inductor.lower import (
     check_dtypes,
     describe_node,
+    describe_value,
     is_lowerable,
     lower_graph,
     user_frame,
+    why_unsupported,
 )
 from tpu_inductor.partition import split_for_fallback
 from tpu_inductor.runtime import (
@@ -65,6 +68,7 @@ def tpu_backend(
     """
     opts = parse_options(options)
     configure_logging()
+    check_inputs(gm, example_inputs)
     device = select_device(opts.device)
     export_key = None
     if opts.cache_dir:
@@ -84,6 +88,41 @@ def tpu_backend(
         # python -m benchmarks.profile_overhead).
         return direct[0].call_unboxed
     return aot_compiled
+
+
+def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Raise one :class:`UnsupportedInputError` naming every meta-device input.
+
+    Dynamo hands real (not fake) example inputs to the backend, so a ``device="meta"`` tensor
+    (a model built under ``torch.device("meta")``, or before ``to_empty``) is visible here, at
+    compile time, before anything reaches JAX. The runtime's input path (``runtime.py``) would
+    otherwise fail converting it with torch's "Cannot copy out of meta tensor".
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bad = []
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            bad.append(f"{_input_name(placeholders, i)}: {describe_value(t)} on device 'meta'")
+    if bad:
+        raise UnsupportedInputError(
+            "these inputs of the compiled region are meta tensors, which hold no data to "
+            "compute with:\n  - " + "\n  - ".join(bad) + "\nWhat to do: give them data on the "
+            "CPU before calling the compiled model (module.to_empty(device='cpu') and then "
+            "load_state_dict or re-initialize; torch.empty_like(t, device='cpu') for a "
+            "tensor). To compute only output shapes, call the model without torch.compile: "
+            "eager torch runs meta tensors."
+        )
+
+
+def _input_name(placeholders: list[fx.Node], i: int) -> str:
+    if i >= len(placeholders):
+        return f"input {i}"
+    node = placeholders[i]
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if name is None:
+        return node.name
+    return name() if callable(name) else name
 
 
 def tpu_inductor_backend(
@@ -253,7 +292,11 @@ def compile_graph(
 
 
 def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: str):
-    describe = lambda n: f"{describe_node(n)}\n      at {user_frame(n)}"  # noqa: E731
+    def describe(n: fx.Node) -> str:
+        reason = why_unsupported(n)
+        why = f"\n      not lowered: {reason}" if reason else ""
+        return f"{describe_node(n)}\n      at {user_frame(n)}{why}"
+
     cache.FALLBACK_OPS.extend(
         describe(n) for n in gm.graph.nodes if n.op == "call_function" and not is_lowerable(n)
     )

@@ -47,6 +47,14 @@ class UnsupportedDtypeError(CompileError, TypeError):
     """A tensor has a dtype that the target device (or JAX) cannot represent."""
 
 
+class UnsupportedInputError(CompileError, TypeError):
+    """A graph input holds no data the device can run on (a tensor on the ``meta`` device).
+
+    The message names each such input (as Dynamo sources it: ``L['x']``,
+    ``L['self']._parameters['weight']``) and what to do instead.
+    """
+
+
 class LoweringError(TpuInductorError):
     """A lowering raised while translating one FX node; the message names the node."""
 
