@@ -77,16 +77,12 @@ def test_training_matches_eager_and_moves_almost_nothing():
         got = _train(dev, opt, X, cm, step)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     moved = TOTAL.copy() - before
-    params = sum(p.numel() * p.element_size() for p in ref.parameters())
-    # Per step: the loss read (4 B), its gradient (4 B) and AdamW's 0-d `step` counters
-    # (made with torch.tensor, so host-owned and written back) cross; X is the same tensor
-    # each step, saved for the backward, so it stays on the device.
-    per_step = (moved.bytes(H2D) + moved.bytes(D2H)) / 3
-    assert per_step <= 0.01 * params, moved.by_reason
-    n_params = len(list(ref.parameters()))
-    assert moved.bytes(D2H, "write-back") == n_params * 4 * 3  # one 0-d `step` per parameter
+    # Per step: the loss read (4 B) and its gradient (4 B) cross; X is the same tensor each
+    # step, saved for the backward, so it stays on the device; nothing is written back.
+    assert moved.bytes(D2H) == 3 * 4 and moved.bytes(H2D) == 3 * 4, moved.by_reason
+    assert moved.bytes(D2H, "write-back") == 0
     for p in opt.state.values():
-        assert isinstance(p["exp_avg"], DeviceTensor)
+        assert all(isinstance(p[k], DeviceTensor) for k in ("step", "exp_avg", "exp_avg_sq"))
     _assert_params_equal(ref, dev, atol=1e-5, rtol=1e-5)
 
 

@@ -29,6 +29,7 @@ recompile the first time a graph sees DeviceTensors (Dynamo guards on the type).
 
 from __future__ import annotations
 
+import collections
 import copy
 import weakref
 
@@ -354,16 +355,33 @@ def keep_on_device(model: torch.nn.Module, optimizer: torch.optim.Optimizer | No
         if not getattr(optimizer, OWNED, False):
             # load_state_dict replaces the state with plain tensors: own them again
             optimizer.register_load_state_dict_post_hook(lambda opt: _own_state(opt, {}))
+            optimizer.register_state_dict_post_hook(_plain_state_dict)
             setattr(optimizer, OWNED, True)
     return model
 
 
+class _OwnedState(dict):
+    """One parameter's optimizer state: every tensor stored in it is device-owned. (The first
+    compiled ``opt.step`` creates the state eagerly, in Dynamo's ``_init_group``; AdamW's 0-d
+    ``step`` counters come from ``torch.tensor``, not from the parameter, so without this they
+    would be host tensors written back, and blocked on, every step.)"""
+
+    def __setitem__(self, key, value):
+        if isinstance(value, torch.Tensor):
+            value = _wrap_tensor(value)
+        super().__setitem__(key, value)
+
+
+def _plain_state_dict(optimizer, state_dict: dict) -> dict:
+    # plain dicts, so torch.load(weights_only=True) accepts a saved optimizer state
+    state_dict["state"] = {k: dict(v) for k, v in state_dict["state"].items()}
+    return state_dict
+
+
 def _own_state(optimizer: torch.optim.Optimizer, replaced: dict) -> None:
-    state = {
-        replaced.get(id(p), p): {
-            k: _wrap_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in s.items()
-        }
-        for p, s in optimizer.state.items()
-    }
-    optimizer.state.clear()
-    optimizer.state.update(state)
+    state = collections.defaultdict(_OwnedState)
+    for p, s in optimizer.state.items():
+        owned = state[replaced.get(id(p), p)]
+        for k, v in s.items():
+            owned[k] = v
+    optimizer.state = state
