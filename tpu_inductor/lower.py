@@ -61,6 +61,7 @@ PYTHON_OPS: dict[Any, Callable] = {
     torch.sym_ite: lambda b, t, f: jnp.where(b, t, f) if _traced(b) else (t if b else f),
 }
 
+
 def _traced(x) -> bool:
     """Whether a Python-level value is a JAX value (a scalar read with ``.item()``)."""
     return isinstance(x, jax.Array | jax.core.Tracer)
