@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,7 +80,7 @@ class LoweringContext:
 class Lowering:
     """One registered lowering: the function and how its inputs are promoted."""
 
-    op: OpOverload
+    op: OpOverload | str  # str: a custom op registered by name, not yet bound
     fn: Callable[..., Any]
     promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None
     promote_args: tuple[int, ...] | None
@@ -109,15 +110,53 @@ def _is_promotable(meta) -> bool:
     return isinstance(meta, torch.Tensor | bool | int | float | complex | torch.SymInt)
 
 
-LOWERINGS: dict[OpOverload, Lowering] = {}
+def _qualified_name(op: OpOverload) -> str:
+    """``"namespace::name.overload"``, the name a custom op is registered under."""
+    return f"{op._schema.name}.{op._overloadname}"
 
 
-def _expand(op) -> list[OpOverload]:
+class _LoweringTable(dict):
+    """``OpOverload -> Lowering``, plus lowerings of custom ops registered by name.
+
+    A custom op (``torch.library``) exists only once its library is imported, and importing,
+    say, ``transformers`` here would cost seconds. Such lowerings wait in ``pending`` under their
+    qualified name and are bound to the ``OpOverload`` on its first lookup.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.pending: dict[str, Lowering] = {}
+
+    def _bind(self, op) -> None:
+        if self.pending and isinstance(op, OpOverload) and not dict.__contains__(self, op):
+            low = self.pending.pop(_qualified_name(op), None)
+            if low is not None:
+                dict.__setitem__(self, op, dataclasses.replace(low, op=op))
+
+    def __contains__(self, op) -> bool:
+        self._bind(op)
+        return dict.__contains__(self, op)
+
+    def __getitem__(self, op) -> Lowering:
+        self._bind(op)
+        return dict.__getitem__(self, op)
+
+    def get(self, op, default=None):
+        self._bind(op)
+        return dict.get(self, op, default)
+
+
+LOWERINGS: _LoweringTable = _LoweringTable()
+
+
+def _expand(op) -> list[OpOverload | str]:
     if isinstance(op, OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
     if isinstance(op, OpOverload):
         return [op]
-    raise TypeError(f"register_lowering expects ATen ops, got {op!r}")
+    if isinstance(op, str) and re.fullmatch(r"\w+::\w+\.\w+", op):
+        return [op]
+    raise TypeError(f"register_lowering expects ATen ops or 'namespace::op.overload', got {op!r}")
 
 
 def register_lowering(
@@ -129,7 +168,9 @@ def register_lowering(
     """Register ``fn`` as the lowering of every overload in ``ops``.
 
     Args:
-        ops: ``OpOverload`` s, or packets (expanded to all their overloads).
+        ops: ``OpOverload`` s, packets (expanded to all their overloads), or a custom op's
+            qualified name ``"namespace::op.overload"`` (bound when the op is first looked up,
+            so its library need not be imported here).
         promote: torch's elementwise promotion kind; tensor arguments are cast to the
             computation dtype before ``fn`` runs and the result to the result dtype after.
         promote_args: positions of the arguments that take part in promotion (default: every
@@ -143,11 +184,15 @@ def register_lowering(
     def decorate(fn):
         for packet in ops:
             for op in _expand(packet):
-                if op in LOWERINGS:
+                if op in LOWERINGS or op in LOWERINGS.pending:
                     raise ValueError(f"{op} is registered twice")
-                LOWERINGS[op] = Lowering(
+                low = Lowering(
                     op, fn, promote, tuple(promote_args) if promote_args else None, random
                 )
+                if isinstance(op, str):
+                    LOWERINGS.pending[op] = low
+                else:
+                    LOWERINGS[op] = low
         return fn
 
     return decorate
