@@ -8,6 +8,8 @@ from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its f
     creation,
     factorizations,
     fft,
+    flex_attention,
+    grouped,
     indexing,
     linalg,
     nn,
