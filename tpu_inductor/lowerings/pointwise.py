@@ -159,7 +159,7 @@ for _packet, _f in COMPARISONS.items():
 def add(ctx, self, other, alpha=1):
     if alpha != 1:
         other = other * alpha
-    if self.dtype == jnp.bool_:
+    if getattr(self, "dtype", None) == jnp.bool_:  # self may be a Python number
         return jnp.logical_or(self, other)
     return jnp.add(self, other)
 
