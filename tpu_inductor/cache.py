@@ -73,6 +73,9 @@ def _graph_key(gm: fx.GraphModule, extra: tuple) -> str:
                 t = const.detach().contiguous().reshape(-1)
                 h.update(f"{t.dtype}{tuple(const.shape)}".encode())
                 h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            elif isinstance(const, fx.GraphModule):
+                # a higher-order op's subgraph (flex_attention's score_mod): repr() has no code
+                h.update(_graph_key(const, ()).encode())
             else:
                 h.update(repr(const).encode())
     h.update(repr(extra).encode())
