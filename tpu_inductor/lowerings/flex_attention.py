@@ -342,8 +342,9 @@ def _install_compile_time_device_check() -> None:
     no CPU backward kernel; Dynamo traces that check too, so without this no CPU (or TPU-bound:
     the backend's inputs are CPU tensors) training graph ever reaches the backend. This swaps
     the check for one without that clause *only while Dynamo traces* (``substitute_in_graph``);
-    eager calls still run torch's original and still refuse. Other backends compiling on CPU
-    then fail in their own lowering instead of in the check.
+    eager calls still run torch's original and still refuse. Cost: another backend compiling
+    CPU flex training in this process fails in its own lowering (inductor: an IndexError)
+    instead of at torch's check; the substitute cannot tell which backend Dynamo compiles for.
     """
     import torch.nn.attention.flex_attention as fa
 
