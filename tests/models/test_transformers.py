@@ -348,8 +348,9 @@ MODELS: list[ModelCase] = [
     T("starcoder2", hf_lm("starcoder2", **DECODER, attn="sdpa")),
     # --- mixture of experts ---
     # "batched_mm" gathers each token's expert weights: static shapes, one graph. The default
-    # "grouped_mm" sorts tokens by expert and calls a transformers custom op that loops over
-    # experts in Python; it runs in torch eager.
+    # "grouped_mm" sorts tokens by expert and calls a transformers custom op
+    # (transformers::grouped_mm_fallback), lowered to a ragged matmul; tests/test_moe.py runs
+    # every MoE model through it.
     T(
         "mixtral",
         hf_lm(
@@ -378,7 +379,6 @@ MODELS: list[ModelCase] = [
         hf_lm(
             "qwen3_moe", **DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
         ),
-        fallback=frozenset({"transformers.grouped_mm_fallback.default"}),
     ),
     # --- encoder-decoders ---
     T(
