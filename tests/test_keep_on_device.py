@@ -275,3 +275,28 @@ def test_transformers_llama_training_and_generate_match_eager():
     want = ref.generate(input_ids=prompt, **kwargs)
     dev.forward = torch.compile(dev.forward, backend="tpu")
     assert torch.equal(dev.generate(input_ids=prompt, **kwargs), want)
+
+
+def test_no_growth_over_many_steps():
+    import jax
+
+    from tpu_inductor import device_owned
+    from tpu_inductor.residency import VALUES
+
+    (ref, ref_opt), (dev, opt, loss_fn, step) = _pair(torch.optim.SGD, momentum=0.9)
+
+    def counts():
+        return len(jax.live_arrays()), len(VALUES), len(device_owned._PENDING)
+
+    for i in range(300):
+        x = torch.randn(16, 8)  # a new batch each step: per-call inputs must not pile up
+        got = _train(dev, opt, x, loss_fn, step)
+        if i == 10:
+            start = counts()
+        if i % 100 == 0:
+            torch.testing.assert_close(got, _train(ref, ref_opt, x), atol=1e-5, rtol=1e-5)
+        else:
+            _train(ref, ref_opt, x)
+    end = counts()
+    assert all(e <= s + 4 for s, e in zip(start, end, strict=True)), (start, end)
+    _assert_params_equal(ref, dev, atol=1e-5, rtol=1e-4)

@@ -73,8 +73,12 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
     Zero-copy on CPU for contiguous tensors (DLPack). Non-contiguous, channels_last,
     conjugated or negated views are materialized first. Must run with
     ``jax.enable_x64(True)`` so 64-bit dtypes survive.
+
+    The import is of an alias (``detach()``): an array imported from ``t`` itself would hold
+    ``t``'s TensorImpl, and torch keeps a tensor's Python object alive while C++ holds its
+    impl, so ``t`` (and a residency entry keyed on its life) could never be freed.
     """
-    t = _materialize(t)
+    t = _materialize(t.detach())
     if t.numel() == 0:
         arr = jax.numpy.zeros(tuple(t.shape), dtype=to_jax_dtype(t.dtype))
     else:

@@ -69,15 +69,6 @@ class DeviceValues:
         object whose life keeps ``t``'s storage alive; ``t`` itself by default) dies."""
         if t.numel() == 0:
             return
-        if owner is None and not t.requires_grad and _imports_in_place(arr, t):
-            # ``arr`` is a zero-copy DLPack import of ``t`` itself (CPU), so it holds ``t``'s
-            # TensorImpl, and torch keeps a tensor's Python object alive while C++ holds its
-            # impl: the weak reference below would never die, and the entry, the array and
-            # ``t``'s memory would outlive every use of ``t`` (one leaked entry per call for
-            # an input the backward needs, every buffer of a deleted module). Keep an import
-            # of an alias instead: the same memory, its own TensorImpl. (A tensor that
-            # requires grad was detached before import, so its array holds an alias already.)
-            arr = jax.dlpack.from_dlpack(t.detach())
         ptr = t.data_ptr()
         ref = weakref.ref(t if owner is None else owner, lambda r, ptr=ptr: self._drop(ptr, r))
         self._entries[ptr] = (ref, t._version, t.shape, t.stride(), t.dtype, arr)
@@ -101,14 +92,6 @@ class DeviceValues:
 
 
 VALUES = DeviceValues()
-
-
-def _imports_in_place(arr, t: torch.Tensor) -> bool:
-    """Whether ``arr`` is a host array over ``t``'s own memory (a zero-copy import)."""
-    try:
-        return arr.platform() == "cpu" and arr.unsafe_buffer_pointer() == t.data_ptr()
-    except Exception:  # deleted, sharded or a platform without buffer pointers
-        return False
 
 
 def saved_handle(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
