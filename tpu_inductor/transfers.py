@@ -160,8 +160,20 @@ class Counter:
 
     def add(self, direction: str, reason: str, nbytes: int, what: str | None = None) -> None:
         """Count a crossing; ``what`` describes the value (built only when needed)."""
-        self.totals.add(direction, reason, nbytes)
-        TOTAL.add(direction, reason, nbytes)
+        key = (direction, reason)
+        for tr in (self.totals, TOTAL):  # Transfers.add, inlined: this runs per tensor per call
+            if direction == H2D:
+                tr.host_to_device_bytes += nbytes
+                tr.host_to_device_count += 1
+            else:
+                tr.device_to_host_bytes += nbytes
+                tr.device_to_host_count += 1
+            slot = tr.by_reason.get(key)
+            if slot is None:
+                tr.by_reason[key] = [1, nbytes]
+            else:
+                slot[0] += 1
+                slot[1] += nbytes
         if self.policy != "count" and self.steady and reason in UNEXPECTED:
             self._unexpected(direction, reason, nbytes, what)
 
