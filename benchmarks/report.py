@@ -449,7 +449,9 @@ def transfers_table(record: dict[str, Any]) -> str:
         f"(`{record.get('command', 'python -m benchmarks.transfers')}`, {m.get('cpu_count', '?')}"
         f" CPUs, load avg {load[0]:.1f} at start, {record.get('date', '?')}). The Llama is "
         "hidden 256, 4 layers, vocab 1024; `keep` is `tpu_inductor.keep_on_device(model, opt)`"
-        "; decode is greedy static-cache `generate()`, 16 prompt + 16 new tokens."
+        "; decode is greedy static-cache `generate()`, 16 prompt + 16 new tokens. Bytes are "
+        "exact and the same in every run; times are this run's, on a shared machine (on an "
+        "accelerator the bytes are what the host link carries per step)."
         if load
         else "Bytes crossing host <-> device per step (`python -m benchmarks.transfers`).",
         "",
@@ -467,7 +469,7 @@ def transfers_table(record: dict[str, Any]) -> str:
                         f"{r['ms_per_step']:.0f} ms",
                         _bytes(r["h2d_per_step"]),
                         _bytes(r["d2h_per_step"]),
-                        f"{ratio:.5f}x params ({_bytes(r['param_bytes'])})",
+                        f"{ratio:.2g}x params ({_bytes(r['param_bytes'])})",
                     ]
                 )
             )
