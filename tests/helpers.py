@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 FP32_TOL = {"atol": 1e-5, "rtol": 1e-4}
@@ -90,3 +91,22 @@ def check_module_training(
         for (name, be), bc in zip(eager.named_buffers(), comp.buffers(), strict=True):
             assert_same(bc, be, atol, rtol, f"step {step} buffer {name}")
     return eager, comp
+
+
+def tiny_llama(**config):
+    """A transformers ``LlamaForCausalLM`` from a tiny config with random weights (seed 0):
+    vocab 128, hidden 32, 2 layers, 4 heads, 2 KV heads, unless ``config`` says otherwise.
+    Skips the test when transformers is not installed."""
+    transformers = pytest.importorskip("transformers")
+    defaults = dict(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**defaults, **config}))

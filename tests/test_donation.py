@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import tpu_inductor
+from tests.helpers import tiny_llama
 from tpu_inductor import backend, cache
 from tpu_inductor.residency import VALUES
 
@@ -83,19 +84,7 @@ def test_compiled_optimizer_donates_parameters_and_state(donating, keep):
 
 
 def test_static_cache_decode_with_donation_matches_eager(donating):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama().eval()
     ids = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
     kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
     want = model.generate(input_ids=ids, **kwargs)

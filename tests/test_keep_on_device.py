@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import tpu_inductor
+from tests.helpers import tiny_llama
 from tpu_inductor import DeviceTensor, cache
 from tpu_inductor.transfers import D2H, H2D, TOTAL
 
@@ -225,25 +226,9 @@ def test_a_lazy_output_is_read_only_when_asked():
     assert (TOTAL.copy() - before).bytes(D2H, "sync") == out.numel() * 4
 
 
-def _tiny_llama():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
-
-
 def test_transformers_llama_training_and_generate_match_eager():
     cache.clear()
-    ref = _tiny_llama().train()
+    ref = tiny_llama().train()
     dev = copy.deepcopy(ref)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = torch.optim.AdamW(dev.parameters(), lr=1e-3)

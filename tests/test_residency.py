@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 
 import tpu_inductor
-from tests.helpers import assert_same
+from tests.helpers import assert_same, tiny_llama
 from tpu_inductor import residency
 from tpu_inductor.cache import STATS as cache_stats
 from tpu_inductor.transfers import D2H, H2D, TOTAL
@@ -350,18 +350,9 @@ def test_hidden_states_cross_once_until_changed_in_place(grad):
 def _tiny_llama():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_key_value_heads=4
+    ).eval()
     model.generation_config.pad_token_id = 0
     return model
 
