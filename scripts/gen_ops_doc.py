@@ -25,7 +25,6 @@ import core_aten  # noqa: E402
 import opinfo_harness as H  # noqa: E402
 
 from tpu_inductor.lowerings import LOWERINGS  # noqa: E402
-from tpu_inductor.lowerings.unsupported import UNSUPPORTED  # noqa: E402
 
 OUT = ROOT / "docs" / "ops.md"
 DTYPE_NAMES = list(H.DTYPES)
@@ -40,19 +39,15 @@ KIND_ORDER = (
 
 
 def entry_status(reason: str | None) -> str:
-    """The status class of an OpInfo result: pass, capture (aot_eager fails too) or fail."""
+    """The status class of an OpInfo cell: pass, capture (aot_eager fails too) or fail."""
     if reason is None:
         return "pass"
     return "capture" if reason.startswith("capture:") else "fail"
 
 
 def by_design(reason: str) -> bool:
-    """Whether a failure is an op listed in tpu_inductor/lowerings/unsupported.py (unsupported
-    on purpose)."""
-    names = {str(op) for op in UNSUPPORTED}
-    if not reason.startswith("unsupported op: "):
-        return False
-    return any(name in names for name in reason.removeprefix("unsupported op: ").split(", "))
+    """Whether a failure is refused on purpose (tpu_inductor/lowerings/unsupported.py)."""
+    return reason.startswith("by design:")
 
 
 def opinfo_rows(op_db) -> list[tuple[str, dict[str, str | None]]]:
@@ -67,10 +62,11 @@ def opinfo_rows(op_db) -> list[tuple[str, dict[str, str | None]]]:
         for name, dtype in H.DTYPES.items():
             if dtype not in supported:
                 cells[name] = None
-            elif name in skipped.get(key, {}):
-                cells[name] = "skip: " + skipped[key][name]
+            elif key in skipped and name in skipped[key][0]:
+                cells[name] = "skip: " + skipped[key][1]
             else:
-                cells[name] = failures.get(key, {}).get(name, "pass")
+                row = H.expected_failure(failures, key, name)
+                cells[name] = "pass" if row is None else f"{row[0]}: {row[1]}"
         rows.append((key, cells))
     return rows
 
@@ -186,7 +182,7 @@ def render() -> str:
         "",
         "## OpInfo entries",
         "",
-        "`pass`; `fail` (see the reasons below); `capture` (fails with `aot_eager` too, so not",
+        "`pass`; `fail` (see the causes below); `capture` (fails with `aot_eager` too, so not",
         "counted against tpu-inductor); `skip` (no sample runs in eager); `-` (the OpInfo does",
         "not support the dtype on CPU).",
         "",
@@ -200,16 +196,20 @@ def render() -> str:
         return entry_status(None if c == "pass" else c)
 
     out += table(["entry", *DTYPE_NAMES], ([key, *map(cell, c.values())] for key, c in rows))
-    out += ["", "## Failure reasons", ""]
-    out += table(
-        ["entry", "dtype", "reason"],
-        (
-            [key, name, c]
-            for key, cells in rows
-            for name, c in cells.items()
-            if c is not None and c != "pass" and not c.startswith("skip: ")
-        ),
-    )
+    out += ["", "## Failure causes", ""]
+    out += [
+        "From `tests/conformance/expected_failures.py`: `capture` (Dynamo/AOTAutograd cannot",
+        "capture it), `by design` (refused with a fix, see `lowerings/unsupported.py`), `dtype`",
+        "(no JAX dtype), `gap` (could be lowered, not yet).",
+        "",
+    ]
+    failing = []
+    for key, cells in rows:
+        bad = [n for n, c in cells.items() if c not in (None, "pass") and not c.startswith("skip")]
+        if bad:
+            kind, cause = cells[bad[0]].split(": ", 1)
+            failing.append([key, ", ".join(bad), kind, cause])
+    out += table(["entry", "dtypes", "kind", "cause"], failing)
     return "\n".join(out) + "\n"
 
 

@@ -1,185 +1,64 @@
 """Expected failures of the OpInfo conformance test (tests/conformance/test_opinfo.py).
 
-EXPECTED_FAILURES maps an op_db entry (``name`` or ``name.variant``) to {dtype: reason}. An
-entry listed here that passes fails the test, so the table cannot go stale. Reasons starting
-with ``capture:`` fail with ``backend="aot_eager"`` too (Dynamo/AOTAutograd cannot capture
-them) and do not count against tpu-inductor. SKIPPED lists entries with no sample that runs in
-eager.
+``EXPECTED_FAILURES[entry] = (kind, dtypes, cause)``, one row per op_db entry (``name`` or
+``name.variant``), written by hand: the cause, once, not the error text. The test holds each row
+to what it claims: every listed dtype must fail (a row that passes fails the test, so the table
+cannot go stale), no other dtype may fail, and the failure must be of the row's kind:
 
-Regenerate from the current results (rows of entries that do not run are kept):
+- ``capture``: Dynamo/AOTAutograd cannot capture it with ``fullgraph=True`` (``aot_eager`` fails
+  the same way), so it does not count against tpu-inductor; the error is "dynamo can't capture".
+- ``by design``: an op ``tpu_inductor/lowerings/unsupported.py`` refuses with the reason and the
+  fix (data-dependent output shapes); outside ``fallback="error"`` it runs in eager.
+- ``dtype``: a dtype JAX has no equivalent of.
+- ``gap``: could be lowered and is not yet; the cause says what it would take.
 
-    TPU_INDUCTOR_REGEN_XFAIL=1 pytest tests/conformance/test_opinfo.py
+``SKIPPED[entry] = (dtypes, reason)``: no sample runs in eager. To find new failures, run
+``TPU_INDUCTOR_REGEN_XFAIL=1 pytest tests/conformance/test_opinfo.py``: it keeps these rows'
+causes, updates their dtypes, and adds new failures with the observed error as a placeholder
+cause that a person then replaces with the real one.
 """
 
 # ruff: noqa: E501
+# One row per entry, so the table reads as a table:
+# fmt: off
 
-EXPECTED_FAILURES: dict[str, dict[str, str]] = {
-    "allclose": {
-        "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-    },
-    "argsort": {
-        "bfloat16": "mismatch: output 7113/8000 elements, max abs diff 7.97e+03",
-        "bool": "mismatch: output 7999/8000 elements, max abs diff 7.98e+03",
-    },
-    "argwhere": {
-        "float32": "unsupported op: aten.nonzero.default",
-        "bfloat16": "unsupported op: aten.nonzero.default",
-        "int64": "unsupported op: aten.nonzero.default",
-        "bool": "unsupported op: aten.nonzero.default",
-    },
-    "bincount": {
-        "int64": "unsupported op: aten.bincount.default",
-    },
-    "chalf": {
-        "float32": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
-        "bfloat16": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
-        "int64": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
-        "bool": "unsupported dtype: torch dtype torch.complex32 has no JAX equivalent; convert the tensor (e.g. .float()) before the compiled region",
-    },
-    "combinations": {
-        "float32": "unsupported op: aten.masked_select.default",
-        "bfloat16": "unsupported op: aten.masked_select.default",
-        "int64": "unsupported op: aten.masked_select.default",
-        "bool": "unsupported op: aten.masked_select.default",
-    },
-    "corrcoef": {
-        "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "int64": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-    },
-    "cov": {
-        "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "int64": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-    },
-    "equal": {
-        "float32": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "int64": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-        "bool": "capture: dynamo can't capture: Unsupported: Data dependent operator",
-    },
-    "gcd": {
-        "int64": "unsupported op: prims.gcd.default",
-    },
-    "kthvalue": {
-        "int64": "mismatch: output[1] 6/25 elements, max abs diff 3",
-    },
-    "lcm": {
-        "int64": "unsupported op: prims.div.default, prims.gcd.default",
-    },
-    "linalg.eigh": {
-        "float32": "mismatch: output[1] 10/25 elements, max abs diff 1.52",
-    },
-    "linalg.lstsq": {
-        "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
-    },
-    "linalg.lstsq.grad_oriented": {
-        "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
-    },
-    "masked_select": {
-        "float32": "unsupported op: aten.masked_select.default",
-        "bfloat16": "unsupported op: aten.masked_select.default",
-        "int64": "unsupported op: aten.masked_select.default",
-        "bool": "unsupported op: aten.masked_select.default",
-    },
-    "nn.functional.ctc_loss": {
-        "float32": "capture: dynamo can't capture: Unsupported: Dynamic shape operator",
-    },
-    "nn.functional.gaussian_nll_loss": {
-        "float32": "capture: dynamo can't capture: UserError: Could not guard on data-dependent expression Eq(u0, 1) (unhinted: Eq(u0, 1)). (Size-like symbols: none)",
-        "bfloat16": "capture: dynamo can't capture: UserError: Could not guard on data-dependent expression Eq(u0, 1) (unhinted: Eq(u0, 1)). (Size-like symbols: none)",
-    },
-    "nn.functional.one_hot": {
-        "int64": "capture: dynamo can't capture: UserError: Could not extract specialized integer from data-dependent expression u0 (unhinted: u0). (Size-like symbols: none)",
-    },
-    "nonzero": {
-        "float32": "unsupported op: aten.nonzero.default",
-        "bfloat16": "unsupported op: aten.nonzero.default",
-        "int64": "unsupported op: aten.nonzero.default",
-        "bool": "unsupported op: aten.nonzero.default",
-    },
-    "resize_": {
-        "float32": "capture: dynamo can't capture: Unsupported: Unsupported Tensor.resize_() call",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Unsupported Tensor.resize_() call",
-        "int64": "capture: dynamo can't capture: Unsupported: Unsupported Tensor.resize_() call",
-        "bool": "capture: dynamo can't capture: Unsupported: Unsupported Tensor.resize_() call",
-    },
-    "resize_as_": {
-        "float32": "capture: dynamo can't capture: Unsupported: Attempted to call function marked as skipped",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Attempted to call function marked as skipped",
-        "int64": "capture: dynamo can't capture: Unsupported: Attempted to call function marked as skipped",
-        "bool": "capture: dynamo can't capture: Unsupported: Attempted to call function marked as skipped",
-    },
-    "sort": {
-        "bfloat16": "mismatch: output[1] 7113/8000 elements, max abs diff 7.97e+03",
-        "bool": "mismatch: output[1] 7999/8000 elements, max abs diff 7.98e+03",
-    },
-    "sparse.mm.reduce": {
-        "float32": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor",
-    },
-    "sparse.sampled_addmm": {
-        "float32": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor",
-    },
-    "tensor_split": {
-        "float32": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
-        "bfloat16": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
-        "int64": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
-        "bool": "unsupported op: aten._local_scalar_dense.default (split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape)",
-    },
-    "to_sparse": {
-        "float32": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor with VariableTracker",
-        "bfloat16": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor with VariableTracker",
-        "int64": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor with VariableTracker",
-        "bool": "capture: dynamo can't capture: Unsupported: Attempted to wrap sparse Tensor with VariableTracker",
-    },
-    "topk": {
-        "int64": "mismatch: output[1] 16/150 elements, max abs diff 4",
-    },
-    "unique": {
-        "float32": "unsupported op: aten._unique2.default",
-        "bfloat16": "unsupported op: aten._unique2.default",
-        "int64": "unsupported op: aten._unique2.default",
-        "bool": "unsupported op: aten._unique2.default",
-    },
-    "unique_consecutive": {
-        "float32": "unsupported op: aten.unique_consecutive.default",
-        "bfloat16": "unsupported op: aten.unique_consecutive.default",
-        "int64": "unsupported op: aten.unique_consecutive.default",
-        "bool": "unsupported op: aten.unique_consecutive.default",
-    },
+ALL = ("float32", "bfloat16", "int64", "bool")
+
+_VALUE_BOOL = "returns a Python bool computed from tensor values (a data-dependent non-tensor output), which Dynamo cannot keep inside one graph"
+
+EXPECTED_FAILURES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "allclose": ("capture", ("float32", "bfloat16"), _VALUE_BOOL),
+    "argwhere": ("by design", ALL, "aten.nonzero: the output's length is the number of non-zero values"),
+    "bincount": ("by design", ("int64",), "the output's length is max(input) + 1, a value"),
+    "chalf": ("dtype", ALL, "torch.complex32 has no JAX dtype"),
+    "combinations": ("gap", ALL, "torch.combinations decomposes into masked_select over an index mask; the output size (n choose r) is static, but lowering it needs combinations caught before that decomposition"),
+    "corrcoef": ("capture", ("float32", "bfloat16", "int64"), "calls torch.cov, whose C++ implementation checks its weights with aten.equal (a Python bool read from values)"),
+    "cov": ("capture", ("float32", "bfloat16", "int64"), "its C++ implementation checks its weights with aten.equal (a Python bool read from values)"),
+    "equal": ("capture", ALL, _VALUE_BOOL),
+    "linalg.lstsq": ("capture", ("float32",), "aten.linalg_lstsq's residuals are empty or not depending on the computed rank, a data-dependent shape"),
+    "linalg.lstsq.grad_oriented": ("capture", ("float32",), "aten.linalg_lstsq's residuals are empty or not depending on the computed rank, a data-dependent shape"),
+    "masked_select": ("by design", ALL, "the output's length is the number of True mask elements"),
+    "nn.functional.ctc_loss": ("capture", ("float32",), "aten._ctc_loss's output shape depends on the target lengths' values"),
+    "nn.functional.gaussian_nll_loss": ("capture", ("float32", "bfloat16"), "F.gaussian_nll_loss raises if torch.any(var < 0), a branch on a tensor value"),
+    "nn.functional.one_hot": ("capture", ("int64",), "num_classes=-1 makes the output width max(input) + 1, a value"),
+    "nonzero": ("by design", ALL, "the output's length is the number of non-zero values"),
+    "resize_": ("capture", ALL, "Dynamo does not trace Tensor.resize_"),
+    "resize_as_": ("capture", ALL, "Dynamo skips Tensor.resize_as_ (marked as skipped)"),
+    "sparse.mm.reduce": ("capture", ("float32", "bfloat16"), "Dynamo does not trace sparse tensors"),
+    "sparse.sampled_addmm": ("capture", ("float32",), "Dynamo does not trace sparse tensors"),
+    "tensor_split": ("by design", ALL, "split indices given as a tensor: their values are the pieces' sizes, a data-dependent shape"),
+    "to_sparse": ("capture", ALL, "Dynamo does not trace sparse tensors"),
+    "unique": ("by design", ALL, "aten._unique2: the output's length is the number of distinct values"),
+    "unique_consecutive": ("by design", ALL, "the output's length is the number of runs"),
 }
+# fmt: on
 
-SKIPPED: dict[str, dict[str, str]] = {
-    "jiterator_2inputs_2outputs": {
-        "float32": "no sample runs in eager",
-        "bfloat16": "no sample runs in eager",
-        "int64": "no sample runs in eager",
-        "bool": "no sample runs in eager",
-    },
-    "jiterator_4inputs_with_extra_args": {
-        "float32": "no sample runs in eager",
-        "bfloat16": "no sample runs in eager",
-        "int64": "no sample runs in eager",
-        "bool": "no sample runs in eager",
-    },
-    "jiterator_binary": {
-        "float32": "no sample runs in eager",
-        "bfloat16": "no sample runs in eager",
-        "int64": "no sample runs in eager",
-        "bool": "no sample runs in eager",
-    },
-    "jiterator_binary_return_by_ref": {
-        "float32": "no sample runs in eager",
-        "bfloat16": "no sample runs in eager",
-        "int64": "no sample runs in eager",
-        "bool": "no sample runs in eager",
-    },
-    "jiterator_unary": {
-        "float32": "no sample runs in eager",
-        "bfloat16": "no sample runs in eager",
-        "int64": "no sample runs in eager",
-        "bool": "no sample runs in eager",
-    },
+_NO_SAMPLE = "jiterator entries are CUDA-only: no sample runs in CPU eager"
+
+SKIPPED: dict[str, tuple[tuple[str, ...], str]] = {
+    "jiterator_2inputs_2outputs": (ALL, _NO_SAMPLE),
+    "jiterator_4inputs_with_extra_args": (ALL, _NO_SAMPLE),
+    "jiterator_binary": (ALL, _NO_SAMPLE),
+    "jiterator_binary_return_by_ref": (ALL, _NO_SAMPLE),
+    "jiterator_unary": (ALL, _NO_SAMPLE),
 }

@@ -52,8 +52,14 @@ def _conformance_session():
 def test_expected_failures_name_real_entries():
     """Every row of expected_failures.py names an op_db entry and a dtype it supports."""
     known = {(H.entry_key(op), d) for op, d in CASES}
-    stale = [f"{key}[{d}]" for key, per in EXPECTED.items() for d in per if (key, d) not in known]
+    stale = [
+        f"{key}[{d}]" for key, row in EXPECTED.items() for d in row[1] if (key, d) not in known
+    ]
     assert not stale, f"expected_failures.py lists entries that do not run: {stale}"
+    kinds = {key: row[0] for key, row in EXPECTED.items() if row[0] not in H.KINDS}
+    assert not kinds, f"expected_failures.py: kinds must be one of {H.KINDS}: {kinds}"
+    placeholders = [key for key, row in EXPECTED.items() if row[2].startswith("TODO")]
+    assert not placeholders, f"expected_failures.py: write the cause of {placeholders}"
 
 
 def test_tolerance_overrides_have_reasons():
@@ -82,22 +88,31 @@ def test_opinfo(op, dtype_name):
         RESULTS[(key, dtype_name)] = outcome
     if outcome.status == "skip":
         pytest.skip(outcome.reason)
-    expected = EXPECTED.get(key, {}).get(dtype_name)
+    expected = H.expected_failure(EXPECTED, key, dtype_name)
     if REGEN:
         return
     if expected is None:
         if outcome.status == "fail":
             pytest.fail(
                 f"{key} [{dtype_name}]: {outcome.reason}\n(a new failure; if it is expected, "
-                "add it to tests/conformance/expected_failures.py or regenerate the table with "
-                "TPU_INDUCTOR_REGEN_XFAIL=1)",
+                "add it with its cause to tests/conformance/expected_failures.py, or regenerate "
+                "the table with TPU_INDUCTOR_REGEN_XFAIL=1 and write the cause)",
                 pytrace=False,
             )
         return
     if outcome.status == "pass":
         pytest.fail(
             f"{key} [{dtype_name}] passes now: remove it from "
-            f"tests/conformance/expected_failures.py (it was listed as: {expected})",
+            f"tests/conformance/expected_failures.py (it was listed as {expected[0]!r}: "
+            f"{expected[1]})",
             pytrace=False,
         )
-    pytest.xfail(f"{expected} (now: {outcome.reason})" if expected != outcome.reason else expected)
+    kind, cause = expected
+    problem = H.kind_problem(kind, outcome.reason)
+    if problem is not None:
+        pytest.fail(
+            f"{key} [{dtype_name}] is listed as {kind!r} ({cause}), but {problem}: "
+            f"{outcome.reason}",
+            pytrace=False,
+        )
+    pytest.xfail(f"{kind}: {cause} (error: {outcome.reason})")

@@ -403,6 +403,21 @@ def to_copy(
     return _cast(self, ctx.out_dtype())
 
 
+# prims::gcd(Tensor self, Tensor other) -> Tensor: aten.gcd's decomposition (non-negative, like
+# torch: gcd(-4, 6) == 2, gcd(0, 0) == 0).
+register_lowering(torch.ops.prims.gcd.default)(_binary(jnp.gcd))
+
+
+# prims::div(Tensor self, Tensor other) -> Tensor: true division for floats, C (truncating)
+# division for integers. aten.lcm decomposes into it (after guarding gcd == 0).
+@register_lowering(torch.ops.prims.div.default)
+def prims_div(ctx, self, other):
+    a, b = jnp.asarray(self), jnp.asarray(other)
+    if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
+        return lax.div(a, b)
+    return a / b
+
+
 # prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor: what a float .item()
 # becomes under capture_scalar_outputs (a float32 -> float64 -> float32 round trip).
 @register_lowering(torch.ops.prims.convert_element_type.default)

@@ -48,6 +48,8 @@ UNSUPPORTED: dict[torch._ops.OpOverload, str] = {
     aten.unique_dim.default: _DYNAMIC_SHAPE
     + ", or torch.unique on CPU outside the compiled region",
     aten.unique_consecutive.default: _DYNAMIC_SHAPE,
+    aten.bincount.default: _DYNAMIC_SHAPE
+    + ", or with a known bound n: torch.zeros(n, dtype=w.dtype).index_add_(0, x, w)",
     aten.resize_.default: (
         "it changes a tensor's size in place, which a functional XLA program cannot express. "
         "What to do: allocate a new tensor of the target size (x.new_empty(shape), torch.empty) "

@@ -1,0 +1,60 @@
+"""The conformance harness's own checks can fail: ties, eigenvector gauges, failure kinds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("expecttest", reason="op_db needs expecttest: pip install 'tpu-inductor[test]'")
+
+import opinfo_harness as H  # noqa: E402
+
+
+def test_tie_indices_accept_another_tie_and_reject_a_wrong_index():
+    x = torch.tensor([3, 1, 3, 2])
+    eager = torch.sort(x)
+    inputs = (x, (), {})
+    swapped = torch.return_types.sort((eager.values, eager.indices[[0, 1, 3, 2]]))
+    assert not torch.equal(swapped.indices, eager.indices)
+    assert H._check_tie_indices(swapped, eager, inputs, H.TIE_INDEX_OPS["sort"], None) is None
+    wrong = torch.return_types.sort((eager.values, torch.tensor([1, 0, 3, 2])))
+    problem = H._check_tie_indices(wrong, eager, inputs, H.TIE_INDEX_OPS["sort"], None)
+    assert problem is not None and "select" in problem
+    y = torch.tensor([3, 1, 3, 3])  # index 0 and 3 both hold 3: a repeat is the only problem
+    ey = torch.sort(y)
+    repeated = torch.return_types.sort((ey.values, torch.tensor([1, 0, 0, 2])))
+    problem = H._check_tie_indices(repeated, ey, (y, (), {}), H.TIE_INDEX_OPS["sort"], None)
+    assert problem is not None and "repeat" in problem
+
+
+def test_tie_indices_along_a_dim_without_keepdim():
+    x = torch.tensor([[5, 5, 1], [2, 7, 7]])
+    eager = torch.kthvalue(x, 3, 1)
+    inputs = (x, (3, 1), {})
+    other = torch.return_types.kthvalue(
+        (eager.values, torch.tensor([1 - eager.indices[0], 3 - eager.indices[1]]))
+    )
+    assert H._check_tie_indices(other, eager, inputs, H.TIE_INDEX_OPS["kthvalue"], None) is None
+    bad = torch.return_types.kthvalue((eager.values, torch.tensor([2, 0])))
+    assert H._check_tie_indices(bad, eager, inputs, H.TIE_INDEX_OPS["kthvalue"], None)
+
+
+def test_eigh_accepts_a_sign_flip_and_rejects_wrong_vectors():
+    torch.manual_seed(0)
+    a = torch.randn(5, 5)
+    a = a + a.T
+    lam, q = torch.linalg.eigh(a)
+    flipped = (lam, q * torch.tensor([1.0, -1, 1, -1, -1]))
+    assert H._check_eigh(flipped, (lam, q), None) is None
+    assert H._check_eigh((lam, q.roll(1, dims=1)), (lam, q), None) is not None
+    assert H._check_eigh((lam + 0.1, q), (lam, q), None) is not None
+
+
+def test_failure_kind_is_checked_against_the_error():
+    assert H.kind_problem("by design", "unsupported op: aten.nonzero.default") is None
+    assert H.kind_problem("by design", "unsupported op: aten.bincount.default") is None
+    assert H.kind_problem("by design", "unsupported op: aten.sin.default") is not None
+    assert H.kind_problem("capture", "dynamo can't capture: Unsupported: x") is None
+    assert H.kind_problem("capture", "mismatch: output 3/4 elements") is not None
+    assert H.kind_problem("dtype", "unsupported dtype: torch.complex32 ...") is None
+    assert H.kind_problem("dtype", "lowering failed: x") is not None
