@@ -292,3 +292,35 @@ def test_transformers_llama_flex_attention_matches_eager():
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
     for (name, p), (_, r) in zip(flex.named_parameters(), eager.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, r.grad, **TOL, msg=f"grad of {name}")
+
+
+def model_cases() -> list:
+    """transformers models with ``attn_implementation="flex_attention"`` for docs/models.md:
+    forward only there (torch's eager flex has no CPU backward, so the harness's eager training
+    reference cannot run; training is checked against eager attention above)."""
+    import functools
+
+    from tests.models.test_transformers import DECODER, T, hf, text
+
+    # NOTE: Dynamo breaks these graphs in transformers' mask code, not in ours: it calls
+    # create_block_mask(_compile=True), which warns (warnings.warn ends a graph) and nests a
+    # torch.compile (4 breaks with transformers 5.25, torch 2.13); a padding mask adds
+    # `if not fast_all(attention_mask)` (masking_utils.flex_attention_mask), a branch on a value.
+    # No op falls back, and the attention itself stays in one compiled graph.
+    def causal_text(config, train):
+        return {k: v for k, v in text(config, train).items() if k != "attention_mask"}
+
+    build = functools.partial(hf, auto="AutoModelForCausalLM", inputs=causal_text)
+    return [T("llama (flex_attention)", build("llama", attn="flex_attention", **DECODER))]
+
+
+def test_flex_attention_model_rows_run_without_fallback():
+    """The docs/models.md rows: compiled forward against eager flex, no op falls back (the graph
+    breaks are transformers' mask code, see model_cases)."""
+    pytest.importorskip("transformers")
+    from tests.models.harness import compare, run_forward
+
+    for case in model_cases():
+        result, actual, expected = run_forward(case)
+        compare(actual, expected, case, "forward")
+        assert result.fallback_ops == set(), f"{case.name}: {sorted(result.fallback_ops)}"
