@@ -10,11 +10,19 @@ rename PrivateUse1, change torch defaults or start a JAX backend.
 
 from tpu_inductor import cache, debug, testing
 from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
+from tpu_inductor.custom_ops import (
+    pallas_interpret,
+    register_lowering,
+    registered_lowering,
+    unregister_lowering,
+)
 from tpu_inductor.device_owned import DeviceTensor, keep_on_device
 from tpu_inductor.errors import (
     FallbackWarning,
     InvalidOptionError,
     LoweringError,
+    LoweringOutputError,
+    RegistrationError,
     ShapeMismatchError,
     TpuInductorError,
     UnsupportedDtypeError,
@@ -32,16 +40,22 @@ __all__ = [
     "FallbackWarning",
     "InvalidOptionError",
     "LoweringError",
+    "LoweringOutputError",
+    "RegistrationError",
     "ShapeMismatchError",
     "TpuInductorError",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
     "debug",
     "keep_on_device",
+    "pallas_interpret",
+    "register_lowering",
+    "registered_lowering",
     "report",
     "reset",
     "testing",
     "tpu_backend",
     "tpu_inductor_backend",
+    "unregister_lowering",
     "warmup",
 ]

@@ -20,7 +20,7 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import cache, capture, export_cache
+from tpu_inductor import cache, capture, custom_ops, export_cache
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.errors import UnsupportedInputError
@@ -169,6 +169,7 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
         opts.pad_to,
         opts.transfers,
         str(device),
+        custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
     )
 
 
@@ -252,7 +253,9 @@ def compile_graph(
 
     def create():
         t0 = time.perf_counter()
-        lowered = lower_graph(gm, precision=precision, check_meta=opts.check_meta)
+        lowered = lower_graph(
+            gm, precision=precision, check_meta=opts.check_meta, platform=platform
+        )
         name = f"graph{next(_graph_ids)}-{kind}"
         dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.

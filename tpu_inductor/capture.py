@@ -14,10 +14,9 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions
 
-from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor import custom_ops
 
 
-@functools.cache
 def decomposition_table() -> dict:
     """Every decomposition torch ships, minus every op we lower directly.
 
@@ -26,12 +25,22 @@ def decomposition_table() -> dict:
     but still reach backends), so an op without a lowering is broken into ops that have one
     before it could fall back to eager. An op with its own lowering (convolution, pooling
     windows, attention, ...) becomes one XLA op instead of a chain of small ones, so its
-    decomposition is dropped.
+    decomposition is dropped, and so is that of an op with a lowering a user registered
+    (``tpu_inductor.register_lowering``), for as long as it is registered.
     """
+    table = _builtin_decomposition_table()
+    user = custom_ops.user_registered_ops()
+    if any(op in table for op in user):
+        table = {op: d for op, d in table.items() if op not in user}
+    return table
+
+
+@functools.cache
+def _builtin_decomposition_table() -> dict:
     table = dict(torch._decomp.decomposition_table)
     table.update(core_aten_decompositions())
     for op in list(table):
-        if op in LOWERINGS:
+        if custom_ops.builtin_lowering(op) is not None:
             del table[op]
     return table
 

@@ -76,3 +76,21 @@ class TransferError(TpuInductorError):
     Raised only with ``options={"transfers": "error"}``; the message names the graph, the value
     (its position, shape and dtype), the bytes, why it crossed and what avoids it.
     """
+
+
+class RegistrationError(TpuInductorError, TypeError, ValueError):
+    """``tpu_inductor.register_lowering`` cannot register what it was given.
+
+    The message names the op and what is wrong: not a torch op or an unknown name, a lowering
+    already registered (without ``replace=True``), a non-callable, or a function whose signature
+    does not take the op's schema arguments. It is a ``TypeError`` and a ``ValueError`` too.
+    """
+
+
+class LoweringOutputError(LoweringError):
+    """A lowering registered with ``tpu_inductor.register_lowering`` returned the wrong number
+    of outputs, or an output whose shape or dtype differs from the op's fake (meta) function.
+
+    Raised while the graph is traced (its first call); the message names the op, the function,
+    the user's source line, expected vs got, and the fix.
+    """

@@ -25,6 +25,7 @@ from torch.fx.node import map_arg
 from tpu_inductor.dtypes import TPU_UNSUPPORTED, to_jax_dtype
 from tpu_inductor.errors import (
     LoweringError,
+    LoweringOutputError,
     ShapeMismatchError,
     UnsupportedDtypeError,
     UnsupportedOpError,
@@ -290,13 +291,17 @@ def _check_meta(node: fx.Node, value, bindings: dict | None) -> None:
             )
 
 
-def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False) -> LoweredGraph:
+def lower_graph(
+    gm: fx.GraphModule, *, precision: str, check_meta: bool = False, platform: str | None = None
+) -> LoweredGraph:
     """Translate an ATen FX graph into a pure JAX function.
 
     Args:
         gm: a functional Core ATen graph (what AOTAutograd hands a compiler).
         precision: ``"highest"``, ``"high"`` or ``"medium"`` for float32 matmuls/convolutions.
         check_meta: compare every lowered value with ``node.meta["val"]`` while tracing.
+        platform: the device kind it compiles for (``LoweringContext.platform``; a registered
+            Pallas kernel reads it through ``tpu_inductor.pallas_interpret``).
 
     Returns:
         A :class:`LoweredGraph`.
@@ -323,7 +328,7 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
     output_plan, computed = _output_plan(output_node.args[0], placeholders)
     mutations, extra = _mutations(nodes, placeholders, len(computed))
     contexts = {
-        n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args))
+        n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args), platform=platform)
         for n in nodes
         if n.op == "call_function" and n.target in LOWERINGS
     }
@@ -331,7 +336,7 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
         if n.op == "call_function" and n.target is WITH_EFFECTS:
             view = _effect_free_view(n)
             contexts[n] = LoweringContext(
-                view, jax_precision, tuple(_meta_of(a) for a in view.args)
+                view, jax_precision, tuple(_meta_of(a) for a in view.args), platform=platform
             )
 
     def fn(seed, *inputs):
@@ -371,7 +376,12 @@ def lower_graph(gm: fx.GraphModule, *, precision: str, check_meta: bool = False)
                     value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
                 else:
                     value = LOWERINGS[node.target](ctx, args, kwargs)
-            except (UnsupportedOpError, UnsupportedDtypeError, ShapeMismatchError):
+            except (
+                UnsupportedOpError,
+                UnsupportedDtypeError,
+                ShapeMismatchError,
+                LoweringOutputError,
+            ):
                 raise
             except Exception as e:
                 raise LoweringError(

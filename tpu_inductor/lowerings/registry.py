@@ -38,6 +38,8 @@ class LoweringContext:
             ``meta["val"]`` (FakeTensors / SymInts), for promotion decisions.
         make_key: returns a fresh, per-node ``jax.random`` key (only valid while tracing).
         bindings: values of the graph's size symbols in the call being traced (dynamic shapes).
+        platform: ``"tpu"``, ``"gpu"`` or ``"cpu"``, the device the graph is compiled for
+            (``None`` when not known, e.g. a subgraph lowered on its own).
     """
 
     node: Any
@@ -45,6 +47,7 @@ class LoweringContext:
     arg_metas: tuple
     make_key: Callable[[], jax.Array] | None = None
     bindings: dict | None = None
+    platform: str | None = None
 
     @property
     def out(self):
