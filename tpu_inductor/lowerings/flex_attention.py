@@ -20,27 +20,33 @@ The block mask is honoured as its block-sparse tensors say, like torch's kernels
 visible when its block is a full block, or a partial block and ``mask_mod`` allows it. For a
 BlockMask made by ``create_block_mask`` this is exactly ``mask_mod``.
 
-NOTE: on TPU the fast path is a block-sparse Pallas kernel (splash attention,
-``jax.experimental.pallas.ops.tpu.splash_attention``) driven by ``kv_num_blocks`` /
-``kv_indices`` / ``full_kv_*``; it would plug in at :func:`_attention` (forward) and
-:func:`_flex_backward` (backward) when the platform is ``"tpu"``. It is not built: this
-lowering is dense everywhere.
+On a TPU the forward and backward take splash attention instead, the block-sparse Pallas
+kernel (:mod:`tpu_inductor.lowerings.splash_attention`), when the call fits it: no score_mod or a
+constant soft cap, float32 or bfloat16, sequence lengths multiples of 128, ``max_scores`` not
+read, and a mask it can be given (:func:`_splash_plan`). Everything else, and every other
+device, is the dense computation above.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.fx as fx
 from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
 
 from tpu_inductor.dtypes import to_jax_dtype
 from tpu_inductor.errors import UnsupportedOpError
+from tpu_inductor.lowerings import splash_attention as splash
 from tpu_inductor.lowerings.registry import LOWERINGS, Lowering
+
+log = logging.getLogger("tpu_inductor")
 
 _LN2 = math.log(2.0)
 
@@ -233,6 +239,205 @@ def _prepare(ctx, q, k, block_mask, score_mod, mask_bufs):
     return mask, score_fn, score_metas
 
 
+def _traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+# ops that read only a tensor's dtype and device (noop_mask: b.new_ones(()))
+_METADATA_ONLY = {
+    torch.ops.aten.new_ones.default,
+    torch.ops.aten.new_zeros.default,
+    torch.ops.aten.new_empty.default,
+    torch.ops.aten.new_full.default,
+}
+
+
+def _placeholder_used(sub: fx.GraphModule, i: int) -> bool:
+    """Whether the subgraph's ``i``-th input's value (not only its dtype) reaches its result."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    if i >= len(placeholders):
+        return False
+    return any(u.target not in _METADATA_ONLY for u in placeholders[i].users)
+
+
+def _static_mask_mod(sub, mask_bufs: tuple, heads: int, M: int, N: int, precision):
+    """``mask_mod`` evaluated now, as a boolean numpy ``[h, M, N]`` (``h`` is ``heads`` if it
+    reads the head index, else 1). The caller checks that its buffers are concrete and that it
+    ignores the batch index. Evaluated in row chunks of at most 2**24 elements."""
+    mask_fn, metas = _lower_mod(sub, "mask_mod", precision)
+    H = heads if _placeholder_used(sub, 1) else 1
+    fn = _over_grid(mask_fn, 0, len(mask_bufs))
+    rows = max(1, (1 << 24) // (H * N))
+    chunks = []
+    with jax.ensure_compile_time_eval():
+        b, h, q, kv = _grids(metas, 0, (1, H, M, N))
+        for start in range(0, M, rows):
+            chunk = fn(b, h, q[start : start + rows], kv, *mask_bufs)
+            chunks.append(np.asarray(chunk).astype(np.bool_))
+    return np.concatenate(chunks, axis=2)[0]
+
+
+def _block_matrix(num, indices, n_kv_blocks: int):
+    """``[b, h, QB, KVB]`` booleans: which kv blocks each q block lists."""
+    valid = jnp.arange(indices.shape[-1]) < num[..., None]
+    target = jnp.where(valid, indices, n_kv_blocks).astype(jnp.int32)
+    hit = jnp.zeros((*indices.shape[:-1], n_kv_blocks + 1), jnp.bool_)
+    return jnp.put_along_axis(hit, target, True, axis=-1, inplace=False)[..., :n_kv_blocks]
+
+
+def _block_layout(block_mask: tuple, M: int, N: int) -> tuple[int, int] | None:
+    """``(q_blocks, kv_blocks)`` of the block mask's tensors when they tile ``M`` x ``N`` in
+    whole blocks (or one block larger than the sequence), else ``None``."""
+    q_bs, kv_bs = block_mask[-3], block_mask[-2]
+    num, indices, full_num = block_mask[2], block_mask[3], block_mask[4]
+    if not (isinstance(q_bs, int) and isinstance(kv_bs, int)) or num is None or indices is None:
+        return None
+    if (q_bs < M and M % q_bs) or (kv_bs < N and N % kv_bs):
+        return None
+    QB, KVB = -(-M // q_bs), -(-N // kv_bs)
+    if num.shape[-1] != QB or (full_num is not None and full_num.shape[-1] != QB):
+        return None
+    return QB, KVB
+
+
+def _tile_classes(static: np.ndarray, QB: int, KVB: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(any, all)`` of ``static`` ``[h, M, N]`` over each of ``QB`` x ``KVB`` tiles."""
+    M, N = static.shape[1:]
+    tiles = static.reshape(static.shape[0], QB, M // QB, KVB, N // KVB)
+    return tiles.any(axis=(2, 4)), tiles.all(axis=(2, 4))
+
+
+def _blocks_agree(block_mask: tuple, static: np.ndarray, QB: int, KVB: int):
+    """Whether the block mask's tensors select exactly ``static`` (the ``[h, M, N]`` mask_mod)
+    under the dense lowering's rule (visible = full block, or partial block and mask_mod): a
+    boolean scalar computed in the graph from the small block tensors only.
+
+    They agree iff every block they call full is all-True in ``static``, and every block where
+    ``static`` has a True is listed (partial or full). A BlockMask from ``create_block_mask`` of
+    the same mask_mod always agrees."""
+    any_true, all_true = _tile_classes(static, QB, KVB)
+    listed = _block_matrix(block_mask[2], block_mask[3], KVB)
+    ok = jnp.bool_(True)
+    if block_mask[4] is not None and block_mask[5] is not None:
+        full = _block_matrix(block_mask[4], block_mask[5], KVB)
+        listed = listed | full
+        ok = jnp.all(jnp.where(full, all_true, True))
+    return ok & jnp.all(listed | ~any_true)
+
+
+class _SplashPlan:
+    """How one flex_attention call runs on splash (see :func:`_splash_plan`)."""
+
+    def __init__(self, how: str, build: Callable, describe: str):
+        # build() -> ((mask, make_kernel), empty rows or None, block check or None), traced
+        # inside the splash branch so that a dense branch compiles none of it
+        self.how, self.build, self.describe = how, build, describe
+
+    def run(self, splash_fn: Callable, dense_fn: Callable):
+        """``splash_fn()``, or on an unknown platform ``jax.lax.platform_dependent``: splash
+        where XLA lowers for a TPU, dense elsewhere (both traced, one compiled)."""
+        if self.how == "platform_dependent":
+            return jax.lax.platform_dependent(tpu=splash_fn, default=dense_fn)
+        return splash_fn()
+
+
+def _splash_plan(ctx, q, k, v, score_mod, block_mask, score_bufs, mask_bufs, *, backward: bool):
+    """A :class:`_SplashPlan` when this flex_attention call can run on splash attention, else
+    ``None`` (logged at DEBUG with the reason).
+
+    The mask is given to splash in one of two forms:
+
+    - **static**: when ``mask_mod``'s buffers are known now (none, or constants) and it ignores
+      the batch index, it is evaluated at compile time into a numpy ``[h, M, N]`` mask, from
+      which splash fixes its tiles and skips empty blocks with no work per call. The block
+      mask's own tensors are graph inputs (values known only per call), so they are not read
+      on the host: the graph checks that they agree with ``mask_mod`` (:func:`_blocks_agree`,
+      a comparison of the small block tensors) and makes the whole result NaN when they do
+      not, instead of silently attending where the dense rule would not.
+    - **dynamic**: otherwise (a buffer that is a graph input, e.g. document ids; the batch
+      index; a BlockMask whose blocks are its only mask, as ``mask_mod=noop_mask``; blocks made
+      for one head under a mask_mod whose heads differ block-wise), the exact
+      dense visibility is computed in the graph, as the dense lowering does, and handed to
+      splash as a boolean array; splash derives its block sparsity from it per call. Memory:
+      one boolean per (batch of the mask, head, q, kv), against the dense path's float32
+      scores and probabilities.
+    """
+    how, why = splash.mode(getattr(ctx, "platform", None))
+    if how is not None:
+        why = splash.shape_reason(q, k, v)
+    if why is None and not backward and ctx.uses_output(2):
+        why = "max_scores is read (splash does not compute it)"
+    if why is None and backward and not splash.backward_available():
+        why = "this jax's private splash backward functions have other parameters"
+    soft_cap = None
+    if why is None:
+        fits, soft_cap = splash.soft_cap_of(score_mod, tuple(score_bufs))
+        if not fits:
+            why = "score_mod is neither absent nor a constant soft cap"
+    if why is None:
+        _check_block_mask(block_mask)
+        if not isinstance(block_mask[-1], fx.GraphModule):
+            why = "mask_mod is not an ATen subgraph"
+    if why is not None:
+        log.debug("flex_attention%s: dense: %s", " backward" if backward else "", why)
+        return None
+
+    B, Hq, M = q.shape[:3]
+    N = k.shape[2]
+    sub, mask_bufs = block_mask[-1], tuple(mask_bufs)
+    interpret = how == "interpret"
+    sizes = splash.block_sizes(M, N, interpret)
+    static = layout = None
+    if not any(_traced(b) for b in mask_bufs) and not _placeholder_used(sub, 0):
+        static = _static_mask_mod(sub, mask_bufs, Hq, M, N, ctx.precision)
+        layout = _block_layout(block_mask, M, N)
+        if layout is None:  # block tensors that cannot be checked against it: the exact form
+            static = None
+        elif static.all() and static.shape[0] == 1 and layout != (1, 1):
+            # a noop mask_mod with real block tensors: the blocks are the mask (dynamic form);
+            # the one-block mask flex makes for a call without block_mask stays static
+            static = None
+        elif static.shape[0] > 1 and block_mask[2].shape[1] == 1:
+            # blocks made for one head (create_block_mask(H=None)) under a mask_mod that reads
+            # h: where heads' tiles differ they cannot agree with every head (dynamic form)
+            classes = _tile_classes(static, *layout)
+            if any((c != c[:1]).any() for c in classes):
+                static = None
+
+    if static is not None:
+        splash_mask, kinds = splash.static_mask(static, Hq)
+        empty_rows = ~static.any(axis=-1)  # [h, M]
+        empty_np = empty_rows[None] if empty_rows.any() else None
+
+        def build():
+            make = functools.partial(
+                splash.make_kernel, sizes=sizes, soft_cap=soft_cap, interpret=interpret
+            )
+            empty = None if empty_np is None else jnp.asarray(empty_np)
+            return (splash_mask, make), empty, _blocks_agree(block_mask, static, *layout)
+
+        form = f"static {kinds} mask, block tensors checked in graph"
+    else:
+        b_size = B if _placeholder_used(sub, 0) else 1
+        h_size = Hq if _placeholder_used(sub, 1) else 1
+
+        def build():
+            vis = _mask(block_mask, mask_bufs, (b_size, h_size, M, N), ctx.precision)
+            vis = jnp.broadcast_to(vis, (vis.shape[0], Hq, M, N))
+            make = functools.partial(
+                splash.make_kernel, sizes=sizes, soft_cap=soft_cap, interpret=interpret
+            )
+            return (vis, make), ~jnp.any(vis, axis=-1), None
+
+        form = "dynamic mask"
+    describe = (
+        f"splash attention ({form}, soft cap {soft_cap}, blocks {sizes.block_q}x"
+        f"{sizes.block_kv}, {how})"
+    )
+    log.debug("flex_attention%s: %s", " backward" if backward else "", describe)
+    return _SplashPlan(how, build, describe)
+
+
 # flex_attention(Tensor query, Tensor key, Tensor value, Callable score_mod, tuple block_mask,
 #     float scale, dict kernel_options, tuple score_mod_other_buffers=(),
 #     tuple mask_mod_other_buffers=()) -> (Tensor out, Tensor logsumexp, Tensor max_scores)
@@ -249,21 +454,51 @@ def _flex_attention(
     score_mod_other_buffers=(),
     mask_mod_other_buffers=(),
 ):
-    mask, score_fn, score_metas = _prepare(
-        ctx, query, key, block_mask, score_mod, mask_mod_other_buffers
-    )
-    out, lse, mx = _attention(
+    lse_scale = _lse_scale(kernel_options)
+
+    def dense():
+        mask, score_fn, score_metas = _prepare(
+            ctx, query, key, block_mask, score_mod, mask_mod_other_buffers
+        )
+        out, lse, mx = _attention(
+            query,
+            key,
+            value,
+            score_fn,
+            score_metas,
+            mask,
+            scale,
+            tuple(score_mod_other_buffers),
+            lse_scale,
+        )
+        return out, lse.astype(ctx.out_dtype(1)), mx.astype(ctx.out_dtype(2))
+
+    plan = _splash_plan(
+        ctx,
         query,
         key,
         value,
-        score_fn,
-        score_metas,
-        mask,
-        scale,
-        tuple(score_mod_other_buffers),
-        _lse_scale(kernel_options),
+        score_mod,
+        block_mask,
+        score_mod_other_buffers,
+        mask_mod_other_buffers,
+        backward=False,
     )
-    return out, lse.astype(ctx.out_dtype(1)), mx.astype(ctx.out_dtype(2))
+    if plan is None:
+        return dense()
+
+    def on_splash():
+        mask, empty, agree = plan.build()
+        out, lse = splash.forward(mask, query, key, value, scale)
+        if empty is not None:  # torch's values for rows that see nothing
+            out = jnp.where(empty[..., None], jnp.zeros((), out.dtype), out)
+            lse = jnp.where(empty, -jnp.inf, lse)
+        if agree is not None:
+            out, lse = jnp.where(agree, out, jnp.nan), jnp.where(agree, lse, jnp.nan)
+        mx = jnp.zeros(lse.shape, ctx.out_dtype(2))  # not read (_splash_plan checked)
+        return out, (lse * lse_scale).astype(ctx.out_dtype(1)), mx
+
+    return plan.run(on_splash, dense)
 
 
 def _is_float(x) -> bool:
@@ -292,32 +527,75 @@ def _flex_backward(
     score_mod_other_buffers=(),
     mask_mod_other_buffers=(),
 ):
-    # NOTE: recomputes the forward and differentiates it with jax.vjp instead of running
-    # torch's joint_graph (which holds flex_lib.zeros_and_scatter, a kernel helper); `out` and
-    # `logsumexp` from the forward are not needed.
-    mask, score_fn, score_metas = _prepare(
-        ctx, query, key, block_mask, fw_graph, mask_mod_other_buffers
-    )
-    bufs = tuple(score_mod_other_buffers)
-    grad_pos = [i for i, b in enumerate(bufs) if _is_float(b)]
     lse_scale = _lse_scale(kernel_options)
 
-    def forward(q, k, v, *float_bufs):
-        all_bufs = list(bufs)
-        for i, b in zip(grad_pos, float_bufs, strict=True):
-            all_bufs[i] = b
-        o, lse, _ = _attention(
-            q, k, v, score_fn, score_metas, mask, scale, tuple(all_bufs), lse_scale
+    def dense():
+        # NOTE: recomputes the forward and differentiates it with jax.vjp instead of running
+        # torch's joint_graph (which holds flex_lib.zeros_and_scatter, a kernel helper); `out`
+        # and `logsumexp` from the forward are not needed.
+        mask, score_fn, score_metas = _prepare(
+            ctx, query, key, block_mask, fw_graph, mask_mod_other_buffers
         )
-        return o, lse
+        bufs = tuple(score_mod_other_buffers)
+        grad_pos = [i for i, b in enumerate(bufs) if _is_float(b)]
 
-    primals = (query, key, value, *(bufs[i] for i in grad_pos))
-    (o, lse), vjp = jax.vjp(forward, *primals)
-    d_out = jnp.zeros_like(o) if grad_out is None else grad_out.astype(o.dtype)
-    d_lse = jnp.zeros_like(lse) if grad_logsumexp is None else grad_logsumexp.astype(lse.dtype)
-    grads = vjp((d_out, d_lse))
-    dq, dk, dv = grads[:3]
-    buf_grads = dict(zip(grad_pos, grads[3:], strict=True))
+        def forward(q, k, v, *float_bufs):
+            all_bufs = list(bufs)
+            for i, b in zip(grad_pos, float_bufs, strict=True):
+                all_bufs[i] = b
+            o, lse, _ = _attention(
+                q, k, v, score_fn, score_metas, mask, scale, tuple(all_bufs), lse_scale
+            )
+            return o, lse
+
+        primals = (query, key, value, *(bufs[i] for i in grad_pos))
+        (o, lse), vjp = jax.vjp(forward, *primals)
+        d_out = jnp.zeros_like(o) if grad_out is None else grad_out.astype(o.dtype)
+        d_lse = jnp.zeros_like(lse) if grad_logsumexp is None else grad_logsumexp.astype(lse.dtype)
+        grads = vjp((d_out, d_lse))
+        return _backward_outputs(ctx, *grads[:3], dict(zip(grad_pos, grads[3:], strict=True)))
+
+    plan = _splash_plan(
+        ctx,
+        query,
+        key,
+        value,
+        fw_graph,
+        block_mask,
+        score_mod_other_buffers,
+        mask_mod_other_buffers,
+        backward=True,
+    )
+    if plan is None:
+        return dense()
+
+    def on_splash():
+        # splash's own dq/dkv kernels from the forward's out and logsumexp (natural log inside
+        # splash; torch's op keeps it in lse_scale units, so its gradient scales the other way)
+        mask, empty, agree = plan.build()
+        d_lse = None if grad_logsumexp is None else grad_logsumexp.astype(jnp.float32)
+        dq, dk, dv = splash.backward(
+            mask,
+            query,
+            key,
+            value,
+            out,
+            logsumexp.astype(jnp.float32) / lse_scale,
+            grad_out,
+            None if d_lse is None else d_lse * lse_scale,
+            empty,
+            scale,
+        )
+        if agree is not None:
+            dq, dk, dv = (jnp.where(agree, g, jnp.nan) for g in (dq, dk, dv))
+        return _backward_outputs(ctx, dq, dk, dv, {})
+
+    return plan.run(on_splash, dense)
+
+
+def _backward_outputs(ctx, dq, dk, dv, buf_grads: dict) -> tuple:
+    """flex_attention_backward's outputs in torch's dtypes: ``buf_grads`` maps a score_mod
+    buffer's position to its gradient; other tensor buffers (integer ones) get zeros."""
     metas = ctx.out[3] if isinstance(ctx.out, tuple | list) and len(ctx.out) > 3 else ()
     out_bufs = []
     for i, meta in enumerate(metas):
