@@ -20,7 +20,7 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import cache, capture, custom_ops, export_cache
+from tpu_inductor import cache, capture, custom_ops, export_cache, sharding
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.errors import UnsupportedInputError
@@ -69,7 +69,10 @@ def tpu_backend(
     opts = parse_options(options)
     configure_logging()
     check_inputs(gm, example_inputs)
-    device = select_device(opts.device)
+    plan = sharding.parse_plan(opts.mesh, opts.shardings)
+    device = select_device(opts.device) if plan is None else plan.mesh.devices.flat[0]
+    if plan is not None:
+        sharding.place_graph(plan, gm, example_inputs)
     export_key = None
     if opts.cache_dir:
         cache.enable_persistent_cache(opts.cache_dir)
@@ -170,7 +173,13 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
         opts.transfers,
         str(device),
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
+        _plan_key(opts),
     )
+
+
+def _plan_key(opts: Options):
+    plan = sharding.parse_plan(opts.mesh, opts.shardings)
+    return None if plan is None else plan.key()
 
 
 def _aot_backend(
@@ -246,6 +255,7 @@ def compile_graph(
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     options = compiler_options(platform, kind)
     key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
+    plan = sharding.parse_plan(opts.mesh, opts.shardings)
     n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
     saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
     n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
@@ -270,6 +280,7 @@ def compile_graph(
             options,
             transfers=opts.transfers,
             donate=donate,
+            plan=plan,
         )
 
     exes = cache.get_or_create(key, create)
@@ -283,6 +294,7 @@ def compile_graph(
         backward=kind.startswith("backward"),
         pad_to=opts.pad_to,
         gm=gm if opts.pad_to else None,
+        plan=plan,
     )
     cache.COMPILED.add(compiled)
     log.debug(

@@ -84,7 +84,9 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
     else:
         arr = jax.dlpack.from_dlpack(t)
     if device.platform != "cpu":
-        arr = jax.device_put(arr, device)
+        # Wait for the copy: device_put reads host memory asynchronously, and torch may write
+        # the tensor in place right after (see Plan.put in sharding.py, where this raced).
+        arr = jax.block_until_ready(jax.device_put(arr, device))
     return arr
 
 

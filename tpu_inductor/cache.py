@@ -104,7 +104,7 @@ def clear() -> None:
     The persistent cache on disk is left alone. Exposed as ``tpu_inductor.reset()``; call
     ``torch._dynamo.reset()`` too so Dynamo drops the compiled frames that use them.
     """
-    from tpu_inductor import residency, transfers
+    from tpu_inductor import residency, sharding, transfers
 
     with _lock:
         _entries.clear()
@@ -113,6 +113,7 @@ def clear() -> None:
         STATS.reset()
         transfers.TOTAL.reset()
         residency.VALUES.clear()
+        sharding.clear()
 
 
 def enable_persistent_cache(path: str) -> None:

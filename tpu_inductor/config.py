@@ -45,6 +45,9 @@ class Options:
             ``"log"`` also logs each unexpected one in steady state (a parameter re-sent, a
             saved activation brought to the host); ``"error"`` raises
             :class:`~tpu_inductor.errors.TransferError` for it (see transfers.py).
+        mesh: a ``jax.sharding.Mesh`` to run SPMD over (see sharding.py), or ``None``.
+        shardings: with ``mesh``: ``"dp"`` (the default), ``"fsdp"``, ``"tp"`` or a dict of
+            parameter-name patterns to ``PartitionSpec`` (plus ``"inputs"`` for the batch).
     """
 
     device: str | None = None
@@ -56,7 +59,12 @@ class Options:
     dump_dir: str | None = None
     pad_to: str | tuple[int, ...] | None = None
     transfers: str = "count"
+    mesh: Any = None
+    shardings: Any = None
 
+
+# Options that only make sense in code (objects, not strings) have no environment variable.
+_NO_ENV = frozenset({"mesh", "shardings"})
 
 _ENV = {
     "device": "TPU_INDUCTOR_DEVICE",
@@ -79,6 +87,8 @@ _CHOICES = {
 
 
 def _from_env(name: str, field: dataclasses.Field) -> Any:
+    if name in _NO_ENV:
+        return field.default
     raw = os.environ.get(_ENV[name])
     if raw is None or raw == "":
         return field.default
@@ -148,7 +158,7 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
         problems.append(f"option 'pad_to' must be 'pow2' or a list of sizes, got {pad!r}")
     values["pad_to"] = pad
     if problems:
-        known = ", ".join(f"{n} (env {_ENV[n]})" for n in fields)
+        known = ", ".join(f"{n} (env {_ENV[n]})" if n in _ENV else n for n in fields)
         raise InvalidOptionError(
             "invalid tpu-inductor options:\n  - "
             + "\n  - ".join(problems)
@@ -157,6 +167,9 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
     for name in ("cache_dir", "dump_dir"):
         if values[name] is not None:
             values[name] = os.fspath(values[name])
+    from tpu_inductor import sharding
+
+    sharding.parse_plan(values["mesh"], values["shardings"])  # raises on a bad mesh or plan
     return Options(**values)
 
 

@@ -94,3 +94,8 @@ class LoweringOutputError(LoweringError):
     Raised while the graph is traced (its first call); the message names the op, the function,
     the user's source line, expected vs got, and the fix.
     """
+
+
+class ShardingError(CompileError, ValueError):
+    """A sharding plan that does not fit the model (``options["shardings"]``): every tensor a
+    rule cannot shard and every pattern that matches nothing, with the fix."""

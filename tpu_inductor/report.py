@@ -47,6 +47,7 @@ class Report:
     transfers: Transfers = dataclasses.field(default_factory=Transfers)
     device_values: int = 0
     device_value_bytes: int = 0
+    resident_bytes_per_device: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [
@@ -71,6 +72,11 @@ class Report:
             f"device copies of host tensors kept: {self.device_values} "
             f"({self.device_value_bytes / 1e6:.2f} MB)"
         )
+        if len(self.resident_bytes_per_device) > 1:
+            split = ", ".join(
+                f"{d} {b / 1e6:.2f}" for d, b in self.resident_bytes_per_device.items()
+            )
+            lines.append(f"resident MB per device: {split}")
         if self.fallback_ops:
             lines.append(f"ops that fell back to eager ({len(self.fallback_ops)}):")
             lines += [f"  - {op}" for op in self.fallback_ops]
@@ -122,6 +128,7 @@ def report(print_table: bool = True) -> Report:
         transfers=transfers.TOTAL.copy(),
         device_values=len(residency.VALUES),
         device_value_bytes=residency.VALUES.device_bytes(),
+        resident_bytes_per_device=residency.VALUES.bytes_per_device(),
     )
     if print_table:
         print(result)

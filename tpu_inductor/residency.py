@@ -86,6 +86,14 @@ class DeviceValues:
         seen = {id(e[5]): e[5] for e in list(self._entries.values())}
         return sum(nbytes(a) for a in seen.values())
 
+    def bytes_per_device(self) -> dict[str, int]:
+        """Device -> bytes of the arrays the table keeps alive there (a sharded array's shards
+        counted on their own devices, a replicated one on each)."""
+        from tpu_inductor.sharding import resident_bytes_per_device
+
+        seen = {id(e[5]): e[5] for e in list(self._entries.values())}
+        return resident_bytes_per_device(seen.values())
+
     def clear(self) -> None:
         """Forget every device copy (the next use of each tensor crosses again)."""
         self._entries = {}

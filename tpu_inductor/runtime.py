@@ -156,8 +156,12 @@ class Executables:
         compiler_options: dict | None = None,
         transfers: str = "count",
         donate: Sequence[int] = (),
+        plan=None,
     ):
         self.lowered = lowered
+        self.plan = plan
+        # Under a sharding plan: graph output -> the sharding its updated input keeps.
+        self._constraints: dict[int, object] = {}
         self.transfers = Counter(name, transfers)
         self.compiler_options = compiler_options or {}
         self.max_entries = max_entries
@@ -178,7 +182,12 @@ class Executables:
 
         def traced(seed, *inputs):
             cache.STATS.traces += 1
-            return lowered.fn(seed, *inputs)
+            outs = lowered.fn(seed, *inputs)
+            if self._constraints:
+                outs = list(outs)
+                for j, where in self._constraints.items():
+                    outs[j] = jax.lax.with_sharding_constraint(outs[j], where)
+            return outs
 
         # Donation (TPU/GPU only: on CPU a donated input would alias users' memory): inputs the
         # graph overwrites, whose old device value nothing reads after the call.
@@ -207,6 +216,12 @@ class Executables:
             for i in range(len(args)):
                 if i not in self._tensor_pos:
                     args[i] = next(it)
+            if self.plan is not None:  # updated inputs keep their placement (sharding.py)
+                self._constraints = {
+                    m.value_index: args[m.input_index].sharding
+                    for m in self.lowered.mutations
+                    if isinstance(args[m.input_index], jax.Array)
+                }
             traced = self._jitted.trace(seed, *args)
             lowered = traced.lower()
             exe = compile_lowered(lowered, self.compiler_options)
@@ -286,6 +301,7 @@ class CompiledGraph:
         backward: bool = False,
         pad_to=None,
         gm=None,
+        plan=None,
     ):
         # An instance attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
         self._boxed_call = True
@@ -297,6 +313,7 @@ class CompiledGraph:
         self.pad_to = pad_to if padding else None
         self.gm = gm
         self.device = device
+        self.plan = plan  # a sharding.Plan: inputs go to the mesh, not to ``device``
         self.name = name
         self.transfers = exes.transfers
         self._tensor_inputs = frozenset(low.tensor_inputs)
@@ -343,7 +360,8 @@ class CompiledGraph:
             if VALUES.lookup(t) is None and is_all_zeros(t):
                 # autograd filled a tangent with zeros (an output nobody differentiated): make
                 # them on the device instead of sending them
-                return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), self.device)
+                where = self.plan.replicated() if self.plan is not None else self.device
+                return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where)
         return device_input(
             t,
             i,
@@ -353,6 +371,7 @@ class CompiledGraph:
             keep=i in self._keep,
             # AOTAutograd bumps a DeviceTensor's own version, not its inner tensor's
             bumped=i in self._bumped and not is_owned(t),
+            plan=self.plan,
         )
 
     def _output(self, arr) -> torch.Tensor | None:
@@ -395,6 +414,8 @@ class CompiledGraph:
                         statics.append(_python_scalar(a))
                 args.clear()
                 signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
+                if self.plan is not None:
+                    signature += (tuple(getattr(x, "sharding", None) for x in arrays),)
                 exe = self.exes.get(signature, seed, arrays, statics)
                 if self._one_signature:
                     self._static_exe = exe
@@ -533,15 +554,27 @@ def device_input(
     resident: bool = False,
     keep: bool = False,
     bumped: bool = False,
+    plan=None,
 ):
     """What an executable takes for host tensor ``t`` (graph input ``i``): its device copy when
     ``residency.VALUES`` has a current one (nothing crosses); else, for a parameter or buffer
     (``resident``) or a value needed again (``keep``), an import that is recorded; else a
-    zero-copy numpy view the executable copies in. ``bumped``: see ``DeviceValues.lookup``."""
+    zero-copy numpy view the executable copies in. ``bumped``: see ``DeviceValues.lookup``.
+    Under a sharding ``plan`` every input is placed on the mesh (see ``sharding.py``)."""
     arr = VALUES.lookup(t, bumped)
     if arr is not None:
         return arr
     device_owned.sync(t)  # a device-owned value whose device copy is gone: its host copy first
+    if plan is not None:
+        arr = plan.put(t, tensor_to_host(t))
+        sent = sum(s.data.size for s in arr.addressable_shards) * arr.dtype.itemsize
+        if resident or keep or is_owned(t):
+            VALUES.record(t, arr)
+            reason = "resident" if resident else "input"
+            counter.add(H2D, reason, sent, f"input {i} ({_fmt_tensor(t)})")
+        else:
+            counter.add(H2D, "input", sent)
+        return arr
     if resident or keep or is_owned(t):
         arr = tensor_to_jax(t, device)
         VALUES.record(t, arr)
