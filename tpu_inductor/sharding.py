@@ -16,6 +16,12 @@ collective. Where sharding enters the pipeline (docs/architecture.md, "Sharding"
    where the plan put them step after step. Saved activations stay wherever XLA put them.
 4. Outputs handed back to torch are gathered by ``np.asarray`` (one copy of each element).
 
+Multi-controller runs (``jax.distributed.initialize()``, one process per host, each running the
+same program on the same global batch, over a mesh of all processes' devices): each process
+uploads only the shards its own devices hold (:meth:`Plan.put`), and an output sharded over
+other processes' devices is all-gathered so torch gets the whole value on every process
+(``boundary.jax_to_host``). ``tests/test_multihost.py`` runs two processes on one machine.
+
 Plans: ``"dp"`` (replicate state, shard the batch), ``"fsdp"`` (also shard every state
 tensor's first divisible dimension over the data axis), ``"tp"`` (Megatron-style tensor
 parallel over the ``"model"`` axis for Llama-family names, batch on ``"data"``), or a dict of
@@ -85,7 +91,13 @@ class Plan:
         # torch writes tensors in place (the write-back of a step's new optimizer state) while
         # other devices still compute with them: 1 run in 2 of a dp/tp step on 8 CPU devices
         # diverged from eager at its second step. Uploads happen once per state tensor.
-        return jax.device_put(np.array(value), sharding)
+        host = np.array(value)
+        if jax.process_count() > 1 and not sharding.is_fully_addressable:
+            # Multi-controller (jax.distributed): every process holds the whole host value and
+            # uploads only its own devices' shards. device_put would first check that the value
+            # is the same on every process (an all-gather of all of it, at each upload).
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        return jax.device_put(host, sharding)
 
     def key(self) -> tuple:
         """What makes two plans compile differently (part of the executable cache key)."""
@@ -287,7 +299,9 @@ def module_path(source_name: str) -> str:
     """``L['self']._modules['model']._parameters['weight']`` -> ``model.weight`` (the name
     ``named_parameters()`` gives it, relative to the compiled module)."""
     tokens = ["".join(g) for g in _TOKEN.findall(source_name)]
-    return ".".join(t for t in tokens[1:] if t not in _STRUCTURE)
+    # The root (L['self'], L['args'][0], G['model'], ...) ends where the module tree begins.
+    start = next((i for i, t in enumerate(tokens) if t in _STRUCTURE), len(tokens))
+    return ".".join(t for t in tokens[start:] if t not in _STRUCTURE)
 
 
 _PARAM_ATTR = re.compile(r"param_groups_\d+__params___(\d+)$")
