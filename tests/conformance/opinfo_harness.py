@@ -63,13 +63,11 @@ RANDOM_OPS = frozenset(
         "normal",
         "normal.in_place",
         "normal.number_mean",
-        "pca_lowrank",
         "rand_like",
         "randint",
         "randint_like",
         "randn",
         "randn_like",
-        "svd_lowrank",
         "uniform",
     }
 )
@@ -91,8 +89,11 @@ TIE_INDEX_OPS: dict[str, tuple[int, int, int | None]] = {
 }
 
 # Entries whose outputs are defined only up to a gauge: eigenvectors (each column's sign, or any
-# basis of a repeated eigenvalue's space). Checked by what defines them, not element by element.
-GAUGE_OPS = frozenset({"linalg.eigh"})
+# basis of a repeated eigenvalue's space), singular vectors. Checked by what defines them, not
+# element by element. svd_lowrank/pca_lowrank draw a random projection (our stream is not
+# torch's), but their OpInfo samples are rank-q products, where q columns capture the whole
+# range: the singular values and U diag(S) V^H are then deterministic.
+GAUGE_OPS = frozenset({"linalg.eigh", "svd_lowrank", "pca_lowrank"})
 
 # Samples tried (eager) to find one that runs, when the first ones raise in eager.
 MAX_SAMPLES_TRIED = 20
@@ -197,7 +198,8 @@ def run_entry(
     elif key in RANDOM_OPS:
         check = _check_statistics
     elif key in GAUGE_OPS:
-        check = lambda actual, expected: _check_eigh(actual, expected, tol)  # noqa: E731
+        gauge = _check_eigh if key == "linalg.eigh" else _check_svd_factors
+        check = lambda actual, expected: gauge(actual, expected, tol)  # noqa: E731
     else:
         check = lambda actual, expected: _check_values(actual, expected, tol)  # noqa: E731
     options = (
@@ -472,6 +474,26 @@ def _check_eigh(actual, expected, tol):
         worst = float((got - want).abs().max()) if got.numel() else 0.0
         if worst > 10 * bound:
             return f"mismatch: output[1] eigenvectors: {name} off by {worst:.3g}"
+    return None
+
+
+def _check_svd_factors(actual, expected, tol):
+    """(U, S, V) of a low-rank SVD: S as values, and U diag(S) V^H against eager's product."""
+    problem = _check_structure(actual, expected)
+    if problem is None:
+        problem = _check_values(actual[1], expected[1], (1e-4, 1e-4), "output[1]")
+    if problem is not None:
+        return problem
+
+    def product(usv):
+        u, s, v = (t.to(torch.float64) for t in usv)
+        return u @ torch.diag_embed(s).to(u.dtype) @ v.mH
+
+    got, want = product(actual), product(expected)
+    scale = 1 + float(want.abs().max()) if want.numel() else 1.0
+    worst = float((got - want).abs().max()) if want.numel() else 0.0
+    if worst > 1e-4 * scale:
+        return f"mismatch: U diag(S) V^H off by {worst:.3g}"
     return None
 
 

@@ -58,3 +58,13 @@ def test_failure_kind_is_checked_against_the_error():
     assert H.kind_problem("capture", "mismatch: output 3/4 elements") is not None
     assert H.kind_problem("dtype", "unsupported dtype: torch.complex32 ...") is None
     assert H.kind_problem("dtype", "lowering failed: x") is not None
+
+
+def test_low_rank_svd_accepts_another_basis_and_rejects_wrong_values():
+    torch.manual_seed(0)
+    a = torch.randn(5, 2) @ torch.randn(2, 4)
+    u, s, v = torch.svd_lowrank(a, q=2)
+    flip = torch.tensor([1.0, -1.0])
+    assert H._check_svd_factors((u * flip, s, v * flip), (u, s, v), None) is None
+    assert H._check_svd_factors((u, s * 1.01, v), (u, s, v), None) is not None
+    assert H._check_svd_factors((u, s, v.roll(1, dims=1)), (u, s, v), None) is not None
