@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import pytest
 import torch
 import torch.nn as nn
-from tpu_inductor.lowerings import LOWERINGS
-from tpu_inductor.lowerings.registry import Lowering
 
 import tpu_inductor
 from tpu_inductor import cache
 from tpu_inductor.debug import find_divergence
+from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor.lowerings.registry import Lowering
 from tpu_inductor.testing import assert_matches_cpu
 
 
