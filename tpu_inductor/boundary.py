@@ -97,13 +97,28 @@ def jax_to_host(arr) -> tuple[torch.Tensor, np.ndarray]:
     against ~4 us for ``torch.from_dlpack``; elsewhere ``np.asarray`` is the device-to-host
     copy. The numpy array lives exactly as long as the tensor's storage (``torch.from_numpy``
     holds it), which is what ``residency.DeviceValues`` keys a device copy's lifetime on.
+
+    In a multi-controller run (``jax.distributed``, more than one process) an array sharded
+    over devices of other processes is gathered first (every process gets the whole value, as
+    torch expects; every process runs the same program, so they all gather it together).
     """
-    host = np.asarray(arr)
+    # jax.process_count() is cached by JAX (~30 ns): the single-process path is as it was.
+    host = _gather(arr) if jax.process_count() > 1 else np.asarray(arr)
     back = _BITCAST_BACK.get(host.dtype)
     if back is not None:
         host = host.view(f"u{host.dtype.itemsize}")
         return torch.from_numpy(host).view(back), host
     return torch.from_numpy(host), host
+
+
+def _gather(arr) -> np.ndarray:
+    """The whole value of ``arr`` on this process: its own copy when it holds one (addressable
+    or replicated), else an all-gather over the processes (a collective every process joins)."""
+    if arr.is_fully_addressable or arr.is_fully_replicated:
+        return np.asarray(arr)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(arr, tiled=True)
 
 
 def jax_to_tensor(arr) -> torch.Tensor | None:
