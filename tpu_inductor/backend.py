@@ -42,7 +42,7 @@ from tpu_inductor.runtime import (
     select_device,
 )
 
-log = logging.getLogger("tpu_inductor")
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.backend"
 
 ENTRY_POINT_GROUP = "torch_dynamo_backends"
 _graph_ids = itertools.count()
@@ -297,8 +297,9 @@ def compile_graph(
         plan=plan,
     )
     cache.COMPILED.add(compiled)
-    log.debug(
-        "%s graph: %d nodes lowered in %.1f ms",
+    log.info(
+        "%s: %s graph, %d nodes, lowered in %.1f ms",
+        exes.name,
         kind,
         len(gm.graph.nodes),
         (time.perf_counter() - start) * 1e3,

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-log = logging.getLogger("tpu_inductor")
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.cache"
 
 MAX_ENTRIES = 512
 

@@ -36,7 +36,7 @@ from tpu_inductor.runtime import (
 )
 from tpu_inductor.transfers import Counter
 
-log = logging.getLogger("tpu_inductor")
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.export_cache"
 
 FORMAT = 1
 

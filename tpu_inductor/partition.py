@@ -9,6 +9,7 @@ performance cliff is never silent.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 
@@ -18,6 +19,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from tpu_inductor.errors import FallbackWarning
+
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.partition"
 
 
 class _Supported(OperatorSupportBase):
@@ -85,6 +88,9 @@ def split_for_fallback(
         islands += 1
     fused.recompile()
     lines = "\n  - ".join(describe(n) for n in fallen)
+    log.info(
+        "%d op(s) run in torch eager, %d compiled island(s):\n  - %s", len(fallen), islands, lines
+    )
     warnings.warn(
         FallbackWarning(
             f"{len(fallen)} op(s) have no TPU lowering and run in torch on the CPU "

@@ -8,6 +8,7 @@ use its device copy) is ``residency.py``; every crossing is counted in ``transfe
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -43,7 +44,7 @@ from tpu_inductor.residency import (
 from tpu_inductor.shapes import bind, concrete
 from tpu_inductor.transfers import D2H, H2D, Counter
 
-log = logging.getLogger("tpu_inductor")
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.runtime"
 
 _PLATFORM_OF = {"tpu": "tpu", "gpu": "gpu", "cpu": "cpu"}
 
@@ -222,9 +223,10 @@ class Executables:
                     for m in self.lowered.mutations
                     if isinstance(args[m.input_index], jax.Array)
                 }
-            traced = self._jitted.trace(seed, *args)
-            lowered = traced.lower()
-            exe = compile_lowered(lowered, self.compiler_options)
+            with compile_progress(self.name, sum(self.lowered.ops.values())):
+                traced = self._jitted.trace(seed, *args)
+                lowered = traced.lower()
+                exe = compile_lowered(lowered, self.compiler_options)
             reason = self._reason(signature)
             if self.dump_dir is not None:
                 n = len(self.builds)
@@ -262,6 +264,52 @@ class Executables:
         if len(self.entries) >= self.max_entries:
             changed.append("(an older executable was evicted: max_executables reached)")
         return "; ".join(changed) or "evicted earlier, rebuilt"
+
+
+# A compile that takes longer than this says so (then every PROGRESS_EVERY_S seconds) on the
+# "tpu_inductor.progress" logger, at WARNING so it shows without any logging set up; silence it
+# with logging.getLogger("tpu_inductor.progress").setLevel(logging.ERROR).
+PROGRESS_AFTER_S = 5.0
+PROGRESS_EVERY_S = 10.0
+progress_log = logging.getLogger("tpu_inductor.progress")
+
+
+@contextlib.contextmanager
+def compile_progress(name: str, ops: int):
+    """Report a long XLA compile of graph ``name`` (``ops`` ATen ops) while it runs."""
+    start = time.perf_counter()
+    state = {"said": False, "timer": None}
+    lock = threading.Lock()
+
+    def tick():
+        with lock:
+            if state["timer"] is None:
+                return
+            state["said"] = True
+            progress_log.warning(
+                "tpu-inductor: still compiling %s (%d ops), %.0f s so far",
+                name,
+                ops,
+                time.perf_counter() - start,
+            )
+            state["timer"] = threading.Timer(PROGRESS_EVERY_S, tick)
+            state["timer"].daemon = True
+            state["timer"].start()
+
+    with lock:
+        state["timer"] = threading.Timer(PROGRESS_AFTER_S, tick)
+        state["timer"].daemon = True
+        state["timer"].start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["timer"].cancel()
+            state["timer"] = None
+        if state["said"]:
+            progress_log.warning(
+                "tpu-inductor: compiled %s in %.1f s", name, time.perf_counter() - start
+            )
 
 
 def _fmt(spec) -> str:

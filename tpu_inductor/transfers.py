@@ -29,7 +29,7 @@ import logging
 
 from tpu_inductor.errors import TransferError
 
-log = logging.getLogger("tpu_inductor")
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.transfers"
 
 H2D = "host_to_device"
 D2H = "device_to_host"
@@ -176,6 +176,19 @@ class Counter:
                 slot[1] += nbytes
         if self.policy != "count" and self.steady and reason in UNEXPECTED:
             self._unexpected(direction, reason, nbytes, what)
+        # INFO: the crossings of each graph's first call; DEBUG: every crossing.
+        if log.isEnabledFor(logging.DEBUG if self.steady else logging.INFO):
+            arrow = "host->device" if direction == H2D else "device->host"
+            where = f" {what}" if what else ""
+            log.log(
+                logging.DEBUG if self.steady else logging.INFO,
+                "%s: %s %s (%s)%s",
+                self.name,
+                arrow,
+                _fmt_bytes(nbytes),
+                reason,
+                where,
+            )
 
     def _unexpected(self, direction, reason, nbytes, what) -> None:
         arrow = "host->device" if direction == H2D else "device->host"
