@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import torch
 
+from tpu_inductor.dtypes import tolerance
 from tpu_inductor.shapes import concrete, concrete_shape
 
 
@@ -65,8 +66,6 @@ def slice_output(y, meta, bindings: dict):
 
 def results_match(padded: Sequence, exact: Sequence) -> bool:
     """Whether the padded run's outputs equal the exact run's within dtype tolerance."""
-    from tpu_inductor.debug import tolerance
-
     for a, e in zip(padded, exact, strict=True):
         if not isinstance(e, torch.Tensor):
             if a != e:

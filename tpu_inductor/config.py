@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tpu_inductor import sharding
 from tpu_inductor.errors import InvalidOptionError
 
 DEVICES = ("tpu", "gpu", "cpu")
@@ -167,8 +168,6 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
     for name in ("cache_dir", "dump_dir"):
         if values[name] is not None:
             values[name] = os.fspath(values[name])
-    from tpu_inductor import sharding
-
     sharding.parse_plan(values["mesh"], values["shardings"])  # raises on a bad mesh or plan
     return Options(**values)
 

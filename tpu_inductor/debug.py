@@ -22,21 +22,11 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.node import map_arg
 
-# Default tolerances per dtype for comparing one op's result with torch's.
-TOLERANCES = {
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (2e-2, 2e-2),
-    torch.float32: (1e-4, 1e-4),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1e-4, 1e-4),
-    torch.complex128: (1e-7, 1e-7),
-}
-
-
-def tolerance(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None):
-    """(atol, rtol) for ``dtype``, with explicit values winning; exact for ints and bools."""
-    a, r = TOLERANCES.get(dtype, (0.0, 0.0))
-    return (a if atol is None else atol), (r if rtol is None else rtol)
+from tpu_inductor.boundary import tensor_to_jax
+from tpu_inductor.capture import decomposition_table
+from tpu_inductor.dtypes import tolerance
+from tpu_inductor.lower import PRECISIONS, _meta_of, describe_node, user_frame
+from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 
 
 def dump_graph(root: str, name: str, gm: fx.GraphModule) -> pathlib.Path:
@@ -77,8 +67,6 @@ def capture_graphs(fn: Callable, args: tuple, kwargs: dict, grads: bool) -> list
     """Run ``fn`` through Dynamo + AOTAutograd (our decompositions) in eager mode, recording
     each ATen graph with the real inputs it was called with: ``[(kind, gm, inputs)]``."""
     from torch._dynamo.backends.common import aot_autograd
-
-    from tpu_inductor.capture import decomposition_table
 
     seen: list = []
 
@@ -153,9 +141,6 @@ def find_divergence(
 
 
 def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Divergence | None:
-    from tpu_inductor.boundary import tensor_to_jax
-    from tpu_inductor.lower import PRECISIONS, _meta_of, describe_node, user_frame
-    from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 
     device = jax.devices("cpu")[0]
     precision = PRECISIONS[torch.get_float32_matmul_precision()]

@@ -34,6 +34,24 @@ JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items
 TPU_UNSUPPORTED = (torch.float64, torch.complex128)
 
 
+# Default tolerances per dtype for comparing a compiled result with torch's (testing.py, the
+# divergence locator in debug.py, buckets.py's padded-vs-exact check).
+TOLERANCES = {
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float32: (1e-4, 1e-4),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex64: (1e-4, 1e-4),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+
+def tolerance(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None):
+    """(atol, rtol) for ``dtype``, with explicit values winning; exact for ints and bools."""
+    a, r = TOLERANCES.get(dtype, (0.0, 0.0))
+    return (a if atol is None else atol), (r if rtol is None else rtol)
+
+
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     """Return the JAX dtype for a torch dtype, or raise naming the dtype."""
     try:

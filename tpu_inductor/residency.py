@@ -32,6 +32,7 @@ import jax
 import torch
 
 from tpu_inductor.boundary import nbytes
+from tpu_inductor.sharding import resident_bytes_per_device
 
 _SAVED = "_tpu_inductor_saved"
 
@@ -89,8 +90,6 @@ class DeviceValues:
     def bytes_per_device(self) -> dict[str, int]:
         """Device -> bytes of the arrays the table keeps alive there (a sharded array's shards
         counted on their own devices, a replicated one on each)."""
-        from tpu_inductor.sharding import resident_bytes_per_device
-
         seen = {id(e[5]): e[5] for e in list(self._entries.values())}
         return resident_bytes_per_device(seen.values())
 

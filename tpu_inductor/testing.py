@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from tpu_inductor.debug import _loss, find_divergence, tolerance
+from tpu_inductor.debug import _loss, find_divergence
+from tpu_inductor.dtypes import tolerance
 
 
 def assert_matches_cpu(
