@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.lowerings.registry import accumulate_in, opmath_dtype, register_lowering
 
 aten = torch.ops.aten
 
@@ -38,7 +38,7 @@ def conv(
         input = input[None]
     stride, dilation = _tup(stride, n), _tup(dilation, n)
     padding = _tup(padding, n)
-    pref = jnp.float32 if input.dtype in (jnp.float16, jnp.bfloat16) else None
+    pref = accumulate_in(input.dtype)
     if not transposed:
         out = lax.conv_general_dilated(
             input,
@@ -248,7 +248,7 @@ def max_pool3d_with_indices_backward(
 def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
     """Average pooling with torch's divisor rules (padding counted or not, ceil_mode tails)."""
     dims, strides, pads, _ = _window(x, kernel_size, stride, padding, 1, ceil_mode, n)
-    acc = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    acc = opmath_dtype(x.dtype)
     # A concrete (numpy) zero: under jit a jnp zero is a tracer, so lax.reduce_window can't see
     # it is a sum and falls back to a generic reduction that has no VJP (breaking the backward).
     zero = np.zeros((), acc)
@@ -320,7 +320,7 @@ def _adaptive_matrix(size, out):
 
 
 def adaptive_avg_pool(x, output_size, n):
-    acc = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    acc = opmath_dtype(x.dtype)
     out = x.astype(acc)
     for i, o in enumerate(_tup(output_size, n)):
         axis = x.ndim - n + i

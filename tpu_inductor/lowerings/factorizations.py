@@ -22,7 +22,7 @@ import torch
 from jax import lax
 from jax.scipy.linalg import expm
 
-from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.lowerings.registry import HALF, register_lowering
 
 aten = torch.ops.aten
 tsolve = lax.linalg.triangular_solve
@@ -470,7 +470,7 @@ def linalg_matrix_exp(ctx, self):
     if self.size == 0:
         return self
     out = ctx.out_dtype()
-    x = self.astype(jnp.float32) if out in (jnp.float16, jnp.bfloat16) else self
+    x = self.astype(jnp.float32) if out in HALF else self
     # NOTE: Pade approximation with scaling and squaring (scipy's expm); torch uses a Taylor
     # polynomial of degree up to 18: both are accurate to the dtype's precision.
     return expm(x).astype(out)

@@ -15,11 +15,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.lowerings.registry import accumulate_in, register_lowering
 
 aten = torch.ops.aten
-
-_HALF = (jnp.float16, jnp.bfloat16)
 
 
 def _group_sizes(offs):
@@ -50,7 +48,7 @@ def ragged_mm(a, b, offs, precision, out):
 
     Half-precision inputs accumulate in float32 and are rounded once.
     """
-    pref = jnp.float32 if a.dtype in _HALF or b.dtype in _HALF else None
+    pref = accumulate_in(a.dtype, b.dtype)
     kw = dict(precision=precision, preferred_element_type=pref)
     if a.ndim == 3 and b.ndim == 3:
         prod = lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,))), **kw)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_inductor.lowerings.registry import P, register_lowering
+from tpu_inductor.lowerings.registry import HALF, P, accumulate_in, register_lowering
 
 aten = torch.ops.aten
 
@@ -21,7 +21,7 @@ aten = torch.ops.aten
 def _mm(ctx, a, b):
     out = ctx.out_dtype()
     # NOTE: integer matmuls accumulate in their own dtype, like torch (wrapping on overflow).
-    pref = jnp.float32 if out in (jnp.float16, jnp.bfloat16) else None
+    pref = accumulate_in(out)
     return jnp.matmul(a, b, precision=ctx.precision, preferred_element_type=pref).astype(out)
 
 
@@ -55,7 +55,7 @@ def _scalars(dtype, *scalars):
 def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
     out = ctx.out_dtype()
     alpha, beta = _scalars(out, alpha, beta)
-    half = out in (jnp.float16, jnp.bfloat16)
+    half = out in HALF
     if half:
         # Like torch's CPU gemm: beta * self + alpha * product in float32, rounded once.
         prod = jnp.matmul(mat1, mat2, precision=ctx.precision, preferred_element_type=jnp.float32)
@@ -90,7 +90,7 @@ def triu(ctx, self, diagonal=0):
 def addbmm(ctx, self, batch1, batch2, beta=1, alpha=1):
     out = ctx.out_dtype()
     alpha, beta = _scalars(out, alpha, beta)
-    if out in (jnp.float16, jnp.bfloat16):
+    if out in HALF:
         # NOTE: torch runs one addmm per batch (float32 accumulation, result rounded to the half
         # dtype each time); done the same way so results round alike. float32 and wider sum all
         # batches in one einsum.

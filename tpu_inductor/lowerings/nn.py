@@ -14,15 +14,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.lowerings.registry import accumulate_in, register_lowering, upcast
 
 aten = torch.ops.aten
-
-_HALF = (jnp.float16, jnp.bfloat16)
-
-
-def _acc(x):
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 # aten::_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
@@ -30,40 +24,40 @@ def _acc(x):
 def softmax(ctx, self, dim, half_to_float=False):
     if self.ndim == 0:
         return jnp.ones((), ctx.out_dtype())
-    return jax.nn.softmax(_acc(self), axis=dim).astype(ctx.out_dtype())
+    return jax.nn.softmax(upcast(self), axis=dim).astype(ctx.out_dtype())
 
 
 @register_lowering(aten._log_softmax.default)
 def log_softmax(ctx, self, dim, half_to_float=False):
     if self.ndim == 0:
         return jnp.zeros((), ctx.out_dtype())
-    return jax.nn.log_softmax(_acc(self), axis=dim).astype(ctx.out_dtype())
+    return jax.nn.log_softmax(upcast(self), axis=dim).astype(ctx.out_dtype())
 
 
 # aten::_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype)
 @register_lowering(aten._softmax_backward_data.default)
 def softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
-    g, y = _acc(grad_output), _acc(output)
+    g, y = upcast(grad_output), upcast(output)
     return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).astype(ctx.out_dtype())
 
 
 @register_lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
-    g, y = _acc(grad_output), _acc(output)
+    g, y = upcast(grad_output), upcast(output)
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
 
 
 def layer_norm(x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    xf = _acc(x)
+    xf = upcast(x)
     mean = jnp.mean(xf, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
     rstd = lax.rsqrt(var + eps)
     out = (xf - mean) * rstd
     if weight is not None:
-        out = out * _acc(weight)
+        out = out * upcast(weight)
     if bias is not None:
-        out = out + _acc(bias)
+        out = out + upcast(bias)
     return out.astype(x.dtype), mean, rstd
 
 
@@ -85,10 +79,10 @@ def native_layer_norm_backward(
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     lead = tuple(range(input.ndim - len(normalized_shape)))
     n = math.prod(input.shape[a] for a in axes)
-    g = _acc(grad_out)
-    xhat = (_acc(input) - _acc(mean)) * _acc(rstd)
-    gxhat = g * _acc(weight) if weight is not None else g
-    gx = (_acc(rstd) / n) * (
+    g = upcast(grad_out)
+    xhat = (upcast(input) - upcast(mean)) * upcast(rstd)
+    gxhat = g * upcast(weight) if weight is not None else g
+    gx = (upcast(rstd) / n) * (
         n * gxhat
         - jnp.sum(gxhat, axis=axes, keepdims=True)
         - xhat * jnp.sum(gxhat * xhat, axis=axes, keepdims=True)
@@ -109,17 +103,17 @@ def _bn_shape(x):
 
 def _bn_apply(x, mean, rstd, weight, bias):
     s = _bn_shape(x)
-    out = (_acc(x) - mean.reshape(s)) * rstd.reshape(s)
+    out = (upcast(x) - mean.reshape(s)) * rstd.reshape(s)
     if weight is not None:
-        out = out * _acc(weight).reshape(s)
+        out = out * upcast(weight).reshape(s)
     if bias is not None:
-        out = out + _acc(bias).reshape(s)
+        out = out + upcast(bias).reshape(s)
     return out.astype(x.dtype)
 
 
 def _bn_train(x, weight, bias, running_mean, running_var, momentum, eps):
     axes = _bn_axes(x)
-    xf = _acc(x)
+    xf = upcast(x)
     mean = jnp.mean(xf, axis=axes)
     var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
     rstd = lax.rsqrt(var + eps)
@@ -128,8 +122,8 @@ def _bn_train(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is not None:
         n = x.size // x.shape[1]
         unbiased = var * (n / max(n - 1, 1))
-        new_rm = (1 - momentum) * _acc(running_mean) + momentum * mean
-        new_rv = (1 - momentum) * _acc(running_var) + momentum * unbiased
+        new_rm = (1 - momentum) * upcast(running_mean) + momentum * mean
+        new_rv = (1 - momentum) * upcast(running_var) + momentum * unbiased
         new_rm, new_rv = new_rm.astype(running_mean.dtype), new_rv.astype(running_var.dtype)
     return out, mean, rstd, new_rm, new_rv
 
@@ -148,8 +142,8 @@ def batch_norm_functional(
         # Output dtypes from torch's meta: with half-precision inputs the saved statistics stay
         # half and the new running stats come out float32 (copied back into the buffers).
         return tuple(v.astype(ctx.out_dtype(i)) for i, v in enumerate((out, mean, rstd, rm, rv)))
-    rstd = lax.rsqrt(_acc(running_var) + eps)
-    out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
+    rstd = lax.rsqrt(upcast(running_var) + eps)
+    out = _bn_apply(input, upcast(running_mean), rstd, weight, bias)
     return (
         out,
         jnp.zeros(ctx.out_shape(1), ctx.out_dtype(1)),
@@ -163,8 +157,8 @@ def batch_norm_functional(
 #   Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
 @register_lowering(aten._native_batch_norm_legit_no_training.default)
 def batch_norm_no_training(ctx, input, weight, bias, running_mean, running_var, momentum, eps):
-    rstd = lax.rsqrt(_acc(running_var) + eps)
-    out = _bn_apply(input, _acc(running_mean), rstd, weight, bias)
+    rstd = lax.rsqrt(upcast(running_var) + eps)
+    out = _bn_apply(input, upcast(running_mean), rstd, weight, bias)
     return (
         out,
         jnp.zeros(ctx.out_shape(1), ctx.out_dtype(1)),
@@ -198,12 +192,12 @@ def native_batch_norm_backward(
     def f(x, w):
         if train:
             return _bn_train(x, w, None, None, None, 0.0, eps)[0]
-        return _bn_apply(x, _acc(running_mean), lax.rsqrt(_acc(running_var) + eps), w, None)
+        return _bn_apply(x, upcast(running_mean), lax.rsqrt(upcast(running_var) + eps), w, None)
 
     w = weight if weight is not None else jnp.ones((input.shape[1],), input.dtype)
     _, vjp = jax.vjp(f, input, w)
     gx, gw = vjp(grad_out.astype(input.dtype))
-    gb = jnp.sum(_acc(grad_out), axis=_bn_axes(input)).astype(w.dtype)
+    gb = jnp.sum(upcast(grad_out), axis=_bn_axes(input)).astype(w.dtype)
     return tuple(v if m else None for v, m in zip((gx, gw, gb), output_mask, strict=True))
 
 
@@ -211,16 +205,16 @@ def native_batch_norm_backward(
 #   SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
 @register_lowering(aten.native_group_norm.default)
 def native_group_norm(ctx, input, weight, bias, N, C, HxW, group, eps):
-    x = _acc(input).reshape(N, group, -1)
+    x = upcast(input).reshape(N, group, -1)
     mean = jnp.mean(x, axis=-1)
     var = jnp.mean(jnp.square(x - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
     out = ((x - mean[..., None]) * rstd[..., None]).reshape(input.shape)
     s = (1, -1) + (1,) * (input.ndim - 2)
     if weight is not None:
-        out = out * _acc(weight).reshape(s)
+        out = out * upcast(weight).reshape(s)
     if bias is not None:
-        out = out + _acc(bias).reshape(s)
+        out = out + upcast(bias).reshape(s)
     return out.astype(input.dtype), mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
 
 
@@ -232,7 +226,7 @@ def native_dropout(ctx, input, p, train):
     if p >= 1:
         return jnp.zeros_like(input), jnp.zeros(input.shape, jnp.bool_)
     keep = jax.random.uniform(ctx.key(), input.shape, jnp.float32) < (1 - p)
-    out = jnp.where(keep, _acc(input) * np.float32(1 / (1 - p)), 0).astype(input.dtype)
+    out = jnp.where(keep, upcast(input) * np.float32(1 / (1 - p)), 0).astype(input.dtype)
     return out, keep
 
 
@@ -254,7 +248,7 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
 @register_lowering(aten.embedding_renorm.default)
 def embedding_renorm(ctx, self, indices, max_norm, norm_type):
     # Rows that indices select and whose p-norm exceeds max_norm are scaled down to it.
-    w = _acc(self)
+    w = upcast(self)
     if norm_type == math.inf:
         norm = jnp.max(jnp.abs(w), axis=1)
     elif norm_type == 0:
@@ -273,7 +267,7 @@ def embedding_dense_backward(
     ctx, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
 ):
     idx = indices.reshape(-1)
-    g = _acc(grad_output).reshape(idx.shape[0], -1)
+    g = upcast(grad_output).reshape(idx.shape[0], -1)
     if padding_idx >= 0:
         g = jnp.where((idx == padding_idx)[:, None], 0, g)
     if scale_grad_by_freq:
@@ -303,7 +297,7 @@ def embedding_bag(
     if padding_idx is not None and padding_idx >= 0:
         keep = keep & (indices != padding_idx)
     seg = jnp.where(keep, bag, num_bags)  # dropped rows land in an extra, discarded segment
-    rows = _acc(jnp.take(weight, indices, axis=0, mode="clip"))
+    rows = upcast(jnp.take(weight, indices, axis=0, mode="clip"))
     count = jax.ops.segment_sum(keep.astype(jnp.int64), seg, num_bags + 1)[:num_bags]
     max_indices = None
     if mode == 2:  # max: per feature, the first largest row of the bag; empty bags give 0
@@ -316,7 +310,7 @@ def embedding_bag(
         out = jnp.where(count[:, None] > 0, out, 0)
     else:
         if per_sample_weights is not None:
-            rows = rows * _acc(per_sample_weights)[:, None]
+            rows = rows * upcast(per_sample_weights)[:, None]
         out = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), seg, num_bags + 1)
         out = out[:num_bags]
         if mode == 1:  # mean over the bag's non-padding rows; empty bags give 0
@@ -384,7 +378,7 @@ def embedding_bag_backward(
     keep = (bag >= 0) & (bag < num_bags)
     if padding_idx is not None and padding_idx >= 0:
         keep = keep & (indices != padding_idx)
-    g = _acc(grad)
+    g = upcast(grad)
     out = jnp.zeros((num_weights, g.shape[1]), g.dtype)
     if mode == 2:
         count = jax.ops.segment_sum(
@@ -400,7 +394,7 @@ def embedding_bag_backward(
         )[:num_bags]
         rows = rows / jnp.maximum(count, 1)[bag.clip(0, num_bags - 1)][:, None]
     elif per_sample_weights is not None:
-        rows = rows * _acc(per_sample_weights)[:, None]
+        rows = rows * upcast(per_sample_weights)[:, None]
     if scale_grad_by_freq:
         freq = jnp.zeros(num_weights, g.dtype).at[indices].add(1)
         rows = rows / freq[indices][:, None]
@@ -418,8 +412,8 @@ def embedding_bag_per_sample_weights_backward(
     keep = (bag >= 0) & (bag < num_bags)
     if padding_idx is not None and padding_idx >= 0:
         keep = keep & (indices != padding_idx)
-    rows = _acc(jnp.take(weight, indices, axis=0, mode="clip"))
-    dot = jnp.sum(_acc(grad)[bag.clip(0, num_bags - 1)] * rows, axis=1)
+    rows = upcast(jnp.take(weight, indices, axis=0, mode="clip"))
+    dot = jnp.sum(upcast(grad)[bag.clip(0, num_bags - 1)] * rows, axis=1)
     return jnp.where(keep, dot, 0).astype(ctx.out_dtype())
 
 
@@ -443,7 +437,7 @@ def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     dims12 = [d for d in range(ndim) if (d in dims1 or d in dims2) and d not in sum12]
     dims_out = [d for d in range(ndim) if d not in sumdim]
     dtype = ctx.out_dtype()
-    pref = jnp.float32 if dtype in _HALF else None
+    pref = accumulate_in(dtype)
     kw = dict(precision=ctx.precision, preferred_element_type=pref)
     buf = jnp.einsum(f"{spec(dims1)},{spec(dims2)}->{spec(dims12)}", i1, i2, **kw)
     buf = buf.astype(dtype)
@@ -560,7 +554,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=No
         group = q.shape[-3] // k.shape[-3]
         k = jnp.repeat(k, group, axis=-3)
         v = jnp.repeat(v, group, axis=-3)
-    s = jnp.einsum("...le,...se->...ls", _acc(q), _acc(k), precision=precision) * scale
+    s = jnp.einsum("...le,...se->...ls", upcast(q), upcast(k), precision=precision) * scale
     if is_causal:
         L, S = q.shape[-2], k.shape[-2]
         s = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), s, -jnp.inf)
@@ -568,11 +562,11 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=No
         if attn_mask.dtype == jnp.bool_:
             s = jnp.where(attn_mask, s, -jnp.inf)
         else:
-            s = s + _acc(attn_mask)
+            s = s + upcast(attn_mask)
     lse = jax.nn.logsumexp(s, axis=-1)
     p = jnp.exp(s - lse[..., None])
     p = jnp.where(jnp.isnan(p), 0, p)
-    out = jnp.einsum("...ls,...se->...le", p, _acc(v), precision=precision)
+    out = jnp.einsum("...ls,...se->...le", p, upcast(v), precision=precision)
     return out.astype(q.dtype), lse.astype(jnp.float32)
 
 

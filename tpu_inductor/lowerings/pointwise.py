@@ -14,7 +14,7 @@ import torch
 from jax import lax
 from jax.scipy import special
 
-from tpu_inductor.lowerings.registry import P, register_lowering
+from tpu_inductor.lowerings.registry import P, opmath_dtype, register_lowering, upcast
 
 aten = torch.ops.aten
 
@@ -188,7 +188,7 @@ def div(ctx, self, other):
 @register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(ctx, self, other, rounding_mode=None):
     dtype = ctx.out_dtype()
-    compute = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+    compute = opmath_dtype(dtype)
     a = jnp.asarray(self).astype(compute)
     b = jnp.asarray(other).astype(compute)
     if rounding_mode is None:
@@ -481,7 +481,7 @@ def round_decimals(ctx, self, decimals):
 def frexp(ctx, self):
     # Half types go through float32, which holds their subnormals as normal numbers.
     # NOTE: float32 subnormal inputs are flushed to zero on XLA (mantissa 0, exponent 0).
-    x = self.astype(jnp.float32) if self.dtype in (jnp.float16, jnp.bfloat16) else self
+    x = upcast(self)
     mantissa, exponent = jnp.frexp(x)
     return mantissa.astype(ctx.out_dtype(0)), exponent.astype(ctx.out_dtype(1))
 

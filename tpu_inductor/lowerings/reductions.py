@@ -12,11 +12,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.lowerings.registry import opmath_dtype, register_lowering
 
 aten = torch.ops.aten
-
-_HALF = (jnp.float16, jnp.bfloat16)
 
 
 def _dims(dim, ndim):
@@ -26,31 +24,27 @@ def _dims(dim, ndim):
     return tuple(d + max(ndim, 1) if d < 0 else d for d in dims) if ndim else None
 
 
-def _acc(dtype):
-    return jnp.float32 if dtype in _HALF else dtype
-
-
 # aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None)
 @register_lowering(aten.sum.dim_IntList, aten.sum.default)
 def sum_(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
-    x = self.astype(_acc(out))
+    x = self.astype(opmath_dtype(out))
     return jnp.sum(x, axis=_dims(dim, self.ndim), keepdims=keepdim).astype(out)
 
 
 @register_lowering(aten.mean.dim, aten.mean.default)
 def mean(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
-    x = self.astype(_acc(out))
+    x = self.astype(opmath_dtype(out))
     return jnp.mean(x, axis=_dims(dim, self.ndim), keepdims=keepdim).astype(out)
 
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
 def prod(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
-    return jnp.prod(self.astype(_acc(out)), axis=_dims(dim, self.ndim), keepdims=keepdim).astype(
-        out
-    )
+    return jnp.prod(
+        self.astype(opmath_dtype(out)), axis=_dims(dim, self.ndim), keepdims=keepdim
+    ).astype(out)
 
 
 # aten::var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None,
@@ -58,7 +52,7 @@ def prod(ctx, self, dim=None, keepdim=False, dtype=None):
 @register_lowering(aten.var.correction)
 def var(ctx, self, dim=None, correction=None, keepdim=False):
     out = ctx.out_dtype()
-    x = self.astype(_acc(self.dtype))
+    x = self.astype(opmath_dtype(self.dtype))
     ddof = 1 if correction is None else correction
     return jnp.var(x, axis=_dims(dim, self.ndim), ddof=ddof, keepdims=keepdim).astype(out)
 
@@ -70,7 +64,7 @@ def std(ctx, self, dim=None, correction=None, keepdim=False):
 
 @register_lowering(aten.var_mean.correction)
 def var_mean(ctx, self, dim=None, correction=None, keepdim=False):
-    x = self.astype(_acc(self.dtype))
+    x = self.astype(opmath_dtype(self.dtype))
     ddof = 1 if correction is None else correction
     axes = _dims(dim, self.ndim)
     return (
@@ -165,7 +159,7 @@ def all_(ctx, self, dim=None, keepdim=False):
 @register_lowering(aten.logsumexp.default)
 def logsumexp(ctx, self, dim, keepdim=False):
     out = ctx.out_dtype()
-    x = self.astype(_acc(out))
+    x = self.astype(opmath_dtype(out))
     return jax.nn.logsumexp(x, axis=_dims(dim, self.ndim), keepdims=keepdim).astype(out)
 
 
@@ -175,7 +169,7 @@ def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
     # |z| before the cast: out is real for complex inputs, and casting z first drops Im(z).
     x = jnp.abs(self) if jnp.issubdtype(self.dtype, jnp.complexfloating) else self
-    x = jnp.abs(x.astype(_acc(out) if dtype is None else jnp.dtype(out)))
+    x = jnp.abs(x.astype(opmath_dtype(out) if dtype is None else jnp.dtype(out)))
     axes = _dims(dim, self.ndim)
     if ord == float("inf"):
         r = jnp.max(x, axis=axes, keepdims=keepdim)
@@ -197,7 +191,7 @@ def cumsum(ctx, self, dim, dtype=None):
     out = ctx.out_dtype()
     if self.ndim == 0:
         return self.astype(out)
-    return jnp.cumsum(self.astype(_acc(out)), axis=dim).astype(out)
+    return jnp.cumsum(self.astype(opmath_dtype(out)), axis=dim).astype(out)
 
 
 @register_lowering(aten.cumprod.default)
@@ -205,7 +199,7 @@ def cumprod(ctx, self, dim, dtype=None):
     out = ctx.out_dtype()
     if self.ndim == 0:
         return self.astype(out)
-    return jnp.cumprod(self.astype(_acc(out)), axis=dim).astype(out)
+    return jnp.cumprod(self.astype(opmath_dtype(out)), axis=dim).astype(out)
 
 
 # aten::histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor
@@ -312,7 +306,7 @@ def logcumsumexp(ctx, self, dim):
     out = ctx.out_dtype()
     if self.ndim == 0:
         return self.astype(out)
-    return lax.cumlogsumexp(self.astype(_acc(out)), axis=dim % self.ndim).astype(out)
+    return lax.cumlogsumexp(self.astype(opmath_dtype(out)), axis=dim % self.ndim).astype(out)
 
 
 # aten::dist(Tensor self, Tensor other, Scalar p=2) -> Tensor
@@ -431,7 +425,7 @@ def segment_reduce(
     first = jnp.take_along_axis(starts, jnp.minimum(seg, nseg - 1), axis=1)
     valid = (seg < nseg) & (j >= first)
     ids = jnp.where(valid, jnp.arange(outer)[:, None] * nseg + seg, outer * nseg).reshape(-1)
-    acc = _acc(data.dtype)
+    acc = opmath_dtype(data.dtype)
     x = data.astype(acc).reshape(outer * n, -1)
     num = outer * nseg
     count = jax.ops.segment_sum(valid.reshape(-1).astype(acc), ids, num_segments=num)[:, None]

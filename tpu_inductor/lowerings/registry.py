@@ -201,6 +201,26 @@ def register_lowering(
     return decorate
 
 
+# --- torch's opmath: float16/bfloat16 compute in float32, and the result is cast back ---------
+HALF = (jnp.float16, jnp.bfloat16)
+
+
+def opmath_dtype(dtype):
+    """The dtype torch computes ``dtype`` in: float32 for float16/bfloat16, else ``dtype``."""
+    return jnp.float32 if dtype in HALF else dtype
+
+
+def upcast(x):
+    """``x`` in its opmath dtype (float16/bfloat16 -> float32; anything else unchanged)."""
+    return x.astype(jnp.float32) if x.dtype in HALF else x
+
+
+def accumulate_in(*dtypes):
+    """``preferred_element_type`` of a matmul or convolution over ``dtypes``: float32 when one is
+    float16/bfloat16 (accumulate like torch's opmath), else ``None`` (the inputs' own)."""
+    return jnp.float32 if any(d in HALF for d in dtypes) else None
+
+
 def jdt(dtype: torch.dtype | None, default=None):
     """JAX dtype of an optional torch dtype argument (``None`` -> ``default``)."""
     return default if dtype is None else to_jax_dtype(dtype)

@@ -16,19 +16,13 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.lowerings.registry import register_lowering, upcast
 
 aten = torch.ops.aten
-
-_HALF = (jnp.float16, jnp.bfloat16)
 
 # grid_sampler's integer modes, as torch numbers them.
 _BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
-
-
-def _acc(x):
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 # --- grid_sample ---------------------------------------------------------------------------------
@@ -115,7 +109,7 @@ def grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     n = grid.shape[-1]
     spatial = input.shape[2:]
     r = _rounding(input.dtype)
-    x = _acc(input)
+    x = upcast(input)
     flat_input = x.reshape(x.shape[:2] + (-1,))
     g = grid.astype(x.dtype)
     # grid's last axis lists x (width) first; spatial dims run (depth,) height, width.
@@ -221,7 +215,7 @@ def _aa_bilinear_matrix(in_size, out_size, align_corners, scale, dtype):
 def _resize(x, matrices, precision):
     """Apply one (out, in) matrix per trailing dim of x (separable resampling)."""
     n = len(matrices)
-    out = _acc(x)
+    out = upcast(x)
     for i, m in enumerate(matrices):
         axis = x.ndim - n + i
         moved = jnp.moveaxis(out, axis, -1)

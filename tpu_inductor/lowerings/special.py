@@ -19,16 +19,13 @@ import torch
 from jax import lax
 from jax.scipy import special
 
-from tpu_inductor.lowerings.registry import P, register_lowering
+from tpu_inductor.lowerings.registry import P, opmath_dtype, register_lowering
 
 aten = torch.ops.aten
 
-_HALF = (jnp.float16, jnp.bfloat16)
-
 
 def _compute_dtype(ctx):
-    dtype = ctx.out_dtype()
-    return jnp.float32 if dtype in _HALF else dtype
+    return opmath_dtype(ctx.out_dtype())
 
 
 def _horner(coeffs, z):
