@@ -212,6 +212,8 @@ def max_pool2d_with_indices(
     return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, ctx.uses_output(1))
 
 
+# aten::max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0,
+#   int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 @register_lowering(aten.max_pool3d_with_indices.default)
 def max_pool3d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
@@ -238,6 +240,8 @@ def max_pool2d_with_indices_backward(
     return _max_pool_backward(grad_output, self, indices, 2)
 
 
+# aten::max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3]
+#   stride, int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor
 @register_lowering(aten.max_pool3d_with_indices_backward.default)
 def max_pool3d_with_indices_backward(
     ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
@@ -335,22 +339,26 @@ def adaptive_avg_pool(x, output_size, n):
     return out.astype(x.dtype)
 
 
+# aten::_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
 @register_lowering(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(ctx, self, output_size):
     return adaptive_avg_pool(self, output_size, 2)
 
 
+# aten::_adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
 @register_lowering(aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(ctx, self, output_size):
     return adaptive_avg_pool(self, output_size, 3)
 
 
+# aten::_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
 @register_lowering(aten._adaptive_avg_pool2d_backward.default)
 def adaptive_avg_pool2d_backward(ctx, grad_output, self):
     f = lambda x: adaptive_avg_pool(x, grad_output.shape[-2:], 2)
     return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
 
 
+# aten::_adaptive_avg_pool3d_backward(Tensor grad_output, Tensor self) -> Tensor
 @register_lowering(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(ctx, grad_output, self):
     f = lambda x: adaptive_avg_pool(x, grad_output.shape[-3:], 3)
@@ -447,6 +455,7 @@ def adaptive_max_pool2d(ctx, self, output_size):
     return adaptive_max_pool(self, output_size, 2)
 
 
+# aten::adaptive_max_pool3d(Tensor self, int[3] output_size) -> (Tensor, Tensor)
 @register_lowering(aten.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(ctx, self, output_size):
     return adaptive_max_pool(self, output_size, 3)
@@ -458,6 +467,7 @@ def adaptive_max_pool2d_backward(ctx, grad_output, self, indices):
     return _max_pool_backward(grad_output, self, indices, 2)
 
 
+# aten::adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
 @register_lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(ctx, grad_output, self, indices):
     return _max_pool_backward(grad_output, self, indices, 3)
@@ -507,6 +517,8 @@ def fractional_max_pool2d(ctx, self, kernel_size, output_size, random_samples):
     return fractional_max_pool(self, kernel_size, output_size, random_samples, 2)
 
 
+# aten::fractional_max_pool3d(Tensor self, int[3] kernel_size, int[3] output_size, Tensor
+#   random_samples) -> (Tensor, Tensor)
 @register_lowering(aten.fractional_max_pool3d.default)
 def fractional_max_pool3d(ctx, self, kernel_size, output_size, random_samples):
     return fractional_max_pool(self, kernel_size, output_size, random_samples, 3)
@@ -519,6 +531,8 @@ def fractional_max_pool2d_backward(ctx, grad_output, self, kernel_size, output_s
     return _max_pool_backward(grad_output, self, indices, 2)
 
 
+# aten::fractional_max_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3]
+#   output_size, Tensor indices) -> Tensor
 @register_lowering(aten.fractional_max_pool3d_backward.default)
 def fractional_max_pool3d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
     return _max_pool_backward(grad_output, self, indices, 3)

@@ -33,6 +33,8 @@ def new_full(ctx, self, size, fill_value, **kwargs):
     return jnp.full(shape, fill_value, dtype=dtype)
 
 
+# aten::zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
+#   bool? pin_memory=None) -> Tensor
 @register_lowering(
     aten.zeros.default,
     aten.zeros_like.default,
@@ -49,6 +51,8 @@ def zeros(ctx, *args, **kwargs):
     return jnp.zeros(shape, dtype=dtype)
 
 
+# aten::ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
+#   bool? pin_memory=None) -> Tensor
 @register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def ones(ctx, *args, **kwargs):
     shape, dtype = _out(ctx)
@@ -73,6 +77,8 @@ def arange(ctx, start, end=None, step=1, dtype=None, layout=None, device=None, p
     return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out_dtype)
 
 
+# aten::linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Layout?
+#   layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 @register_lowering(aten.linspace.default)
 def linspace(ctx, start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     (n,), out_dtype = _out(ctx)
@@ -87,6 +93,8 @@ def linspace(ctx, start, end, steps, dtype=None, layout=None, device=None, pin_m
     return vals.astype(out_dtype)
 
 
+# aten::eye(SymInt n, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool?
+#   pin_memory=None) -> Tensor
 @register_lowering(aten.eye.default, aten.eye.m)
 def eye(ctx, n, m=None, **kwargs):
     shape, dtype = _out(ctx)

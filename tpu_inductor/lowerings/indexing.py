@@ -85,6 +85,7 @@ def _mask_put(self, indices, values, accumulate):
     return _like(added, self.dtype)
 
 
+# aten::_unsafe_index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
 @register_lowering(aten._unsafe_index.Tensor)
 def unsafe_index(ctx, self, indices):
     return self[_index_tuple(self, indices)]
@@ -128,6 +129,7 @@ def scatter(ctx, self, dim, index, src):
     return self.at[_scatter_index(self, dim, index)].set(_src(src, index, self.dtype))
 
 
+# aten::scatter.reduce(Tensor self, int dim, Tensor index, Tensor src, *, str reduce) -> Tensor
 @register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_legacy(ctx, self, dim, index, src, reduce):
     if self.ndim == 0:
@@ -138,6 +140,7 @@ def scatter_reduce_legacy(ctx, self, dim, index, src, reduce):
     return _like(at.add(src) if reduce == "add" else at.multiply(src), self.dtype)
 
 
+# aten::scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 @register_lowering(aten.scatter_add.default)
 def scatter_add(ctx, self, dim, index, src):
     if self.ndim == 0:
@@ -190,6 +193,7 @@ def scatter_reduce(ctx, self, dim, index, src, reduce, include_self=True):
     raise NotImplementedError(f"scatter_reduce reduce={reduce!r}")
 
 
+# aten::index_select(Tensor self, int dim, Tensor index) -> Tensor
 @register_lowering(aten.index_select.default)
 def index_select(ctx, self, dim, index):
     if self.ndim == 0:
@@ -229,11 +233,13 @@ def index_add(ctx, self, dim, index, source, alpha=1):
     )
 
 
+# aten::index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor
 @register_lowering(aten.index_copy.default)
 def index_copy(ctx, self, dim, index, source):
     return _along(self, dim, index, source, lambda s, i, src: s.at[i].set(src))
 
 
+# aten::index_fill.int_Scalar(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
 @register_lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(ctx, self, dim, index, value):
     value = jnp.asarray(value, self.dtype)

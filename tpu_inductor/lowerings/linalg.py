@@ -25,11 +25,13 @@ def _mm(ctx, a, b):
     return jnp.matmul(a, b, precision=ctx.precision, preferred_element_type=pref).astype(out)
 
 
+# aten::mm(Tensor self, Tensor mat2) -> Tensor
 @register_lowering(aten.mm.default, aten.bmm.default, aten.matmul.default, promote=P.NO_OPMATH)
 def mm(ctx, self, mat2):
     return _mm(ctx, self, mat2)
 
 
+# aten::dot(Tensor self, Tensor tensor) -> Tensor
 @register_lowering(aten.dot.default, aten.vdot.default, aten.mv.default, promote=P.NO_OPMATH)
 def dot(ctx, self, other):
     if ctx.node.target is aten.vdot.default:
@@ -70,16 +72,19 @@ def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
     return ((self * beta if beta != 1 else self) + prod).astype(out)
 
 
+# aten::outer(Tensor self, Tensor vec2) -> Tensor
 @register_lowering(aten.outer.default, promote=P.NO_OPMATH)
 def outer(ctx, self, vec2):
     return jnp.outer(self, vec2)
 
 
+# aten::tril(Tensor self, SymInt diagonal=0) -> Tensor
 @register_lowering(aten.tril.default)
 def tril(ctx, self, diagonal=0):
     return jnp.tril(self, diagonal)
 
 
+# aten::triu(Tensor self, SymInt diagonal=0) -> Tensor
 @register_lowering(aten.triu.default)
 def triu(ctx, self, diagonal=0):
     return jnp.triu(self, diagonal)

@@ -27,6 +27,7 @@ def softmax(ctx, self, dim, half_to_float=False):
     return jax.nn.softmax(upcast(self), axis=dim).astype(ctx.out_dtype())
 
 
+# aten::_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 @register_lowering(aten._log_softmax.default)
 def log_softmax(ctx, self, dim, half_to_float=False):
     if self.ndim == 0:
@@ -41,6 +42,8 @@ def softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).astype(ctx.out_dtype())
 
 
+# aten::_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType
+#   input_dtype) -> Tensor
 @register_lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     g, y = upcast(grad_output), upcast(output)
@@ -166,6 +169,8 @@ def batch_norm_no_training(ctx, input, weight, bias, running_mean, running_var, 
     )
 
 
+# aten::_native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training,
+#   float momentum, float eps) -> (Tensor, Tensor, Tensor)
 @register_lowering(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(ctx, input, weight, bias, training, momentum, eps):
     out, mean, rstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
@@ -583,6 +588,9 @@ def sdpa_flash_cpu(
     return out, lse.astype(ctx.out_dtype(1))
 
 
+# aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor
+#   key, Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor?
+#   attn_mask=None, float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)
 @register_lowering(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 def sdpa_flash_cpu_backward(
     ctx,

@@ -287,11 +287,13 @@ def clamp(ctx, self, min=None, max=None):
     return out
 
 
+# aten::clamp_min(Tensor self, Scalar min) -> Tensor
 @register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote=P.DEFAULT)
 def clamp_min(ctx, self, min):
     return jnp.maximum(self, jnp.asarray(min, dtype=self.dtype))
 
 
+# aten::clamp_max(Tensor self, Scalar max) -> Tensor
 @register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote=P.DEFAULT)
 def clamp_max(ctx, self, max):
     return jnp.minimum(self, jnp.asarray(max, dtype=self.dtype))
@@ -305,11 +307,13 @@ def gelu(ctx, self, approximate="none"):
     return self * 0.5 * (1.0 + special.erf(self * np.float32(1 / np.sqrt(2))).astype(self.dtype))
 
 
+# aten::silu(Tensor self) -> Tensor
 @register_lowering(aten.silu.default, promote=P.DEFAULT)
 def silu(ctx, self):
     return self * jax.nn.sigmoid(self)
 
 
+# aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor
 @register_lowering(aten.hardtanh.default, promote=P.DEFAULT, promote_args=(0,))
 def hardtanh(ctx, self, min_val=-1.0, max_val=1.0):
     # Integer inputs clamp to the bounds converted to the input dtype (truncated), like torch.
@@ -317,31 +321,37 @@ def hardtanh(ctx, self, min_val=-1.0, max_val=1.0):
     return jnp.minimum(jnp.maximum(self, lo), hi)
 
 
+# aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor
 @register_lowering(aten.leaky_relu.default, promote=P.DEFAULT)
 def leaky_relu(ctx, self, negative_slope=0.01):
     return jnp.where(self > 0, self, self * negative_slope)
 
 
+# aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
 @register_lowering(aten.elu.default, promote=P.DEFAULT)
 def elu(ctx, self, alpha=1.0, scale=1.0, input_scale=1.0):
     return jnp.where(self > 0, self * scale, jnp.expm1(self * input_scale) * alpha * scale)
 
 
+# aten::softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
 @register_lowering(aten.softplus.default, promote=P.DEFAULT)
 def softplus(ctx, self, beta=1.0, threshold=20.0):
     return jnp.where(self * beta > threshold, self, jnp.log1p(jnp.exp(self * beta)) / beta)
 
 
+# aten::mish(Tensor self) -> Tensor
 @register_lowering(aten.mish.default, promote=P.DEFAULT)
 def mish(ctx, self):
     return self * jnp.tanh(jax.nn.softplus(self))
 
 
+# aten::hardsigmoid(Tensor self) -> Tensor
 @register_lowering(aten.hardsigmoid.default, promote=P.DEFAULT)
 def hardsigmoid(ctx, self):
     return jnp.clip(self / 6 + 0.5, 0, 1)
 
 
+# aten::hardswish(Tensor self) -> Tensor
 @register_lowering(aten.hardswish.default, promote=P.DEFAULT)
 def hardswish(ctx, self):
     return self * jnp.clip(self / 6 + 0.5, 0, 1)
@@ -355,6 +365,7 @@ def lerp(ctx, self, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, self + weight * diff, end - diff * (1 - weight))
 
 
+# aten::bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor
 @register_lowering(
     aten.bitwise_left_shift.Tensor,
     aten.bitwise_left_shift.Tensor_Scalar,
@@ -370,6 +381,7 @@ def left_shift(ctx, self, other):
     return lax.shift_left(*jnp.broadcast_arrays(a, b))
 
 
+# aten::bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor
 @register_lowering(
     aten.bitwise_right_shift.Tensor,
     aten.bitwise_right_shift.Tensor_Scalar,
@@ -410,6 +422,7 @@ register_lowering(torch.ops.prims.gcd.default)(_binary(jnp.gcd))
 
 # prims::div(Tensor self, Tensor other) -> Tensor: true division for floats, C (truncating)
 # division for integers. aten.lcm decomposes into it (after guarding gcd == 0).
+# prims::div(Tensor self, Tensor other) -> Tensor
 @register_lowering(torch.ops.prims.div.default)
 def prims_div(ctx, self, other):
     a, b = jnp.asarray(self), jnp.asarray(other)
@@ -420,6 +433,7 @@ def prims_div(ctx, self, other):
 
 # prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor: what a float .item()
 # becomes under capture_scalar_outputs (a float32 -> float64 -> float32 round trip).
+# prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor
 @register_lowering(torch.ops.prims.convert_element_type.default)
 def convert_element_type(ctx, a, dtype):
     return _cast(a, ctx.out_dtype())
@@ -434,6 +448,7 @@ def _cast(x, dtype):
     return x.astype(dtype)
 
 
+# aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor
 @register_lowering(
     aten.clone.default,
     aten.alias.default,
@@ -451,16 +466,19 @@ def copy(ctx, self, src, non_blocking=False):
     return jnp.broadcast_to(_cast(src, self.dtype), self.shape)
 
 
+# aten::fill.Scalar(Tensor self, Scalar value) -> Tensor
 @register_lowering(aten.fill.Scalar, aten.fill.Tensor)
 def fill(ctx, self, value):
     return jnp.full(self.shape, value, dtype=self.dtype)
 
 
+# aten::nan_to_num(Tensor self, float? nan=None, float? posinf=None, float? neginf=None) -> Tensor
 @register_lowering(aten.nan_to_num.default, promote=P.DEFAULT)
 def nan_to_num(ctx, self, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(self, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
+# aten::sgn(Tensor self) -> Tensor
 @register_lowering(aten.sgn.default)
 def sgn(ctx, self):
     return self if self.dtype == jnp.bool_ else jnp.sign(self)
@@ -513,11 +531,13 @@ def polar(ctx, abs, angle):
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle)).astype(ctx.out_dtype())
 
 
+# aten::addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 @register_lowering(aten.addcmul.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
 def addcmul(ctx, self, tensor1, tensor2, value=1):
     return self + value * tensor1 * tensor2
 
 
+# aten::addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 @register_lowering(aten.addcdiv.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
 def addcdiv(ctx, self, tensor1, tensor2, value=1):
     return self + value * tensor1 / tensor2

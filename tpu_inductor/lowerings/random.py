@@ -27,11 +27,15 @@ def _uniform(ctx, low=0.0, high=1.0):
     return jax.random.uniform(ctx.key(), shape, wide, low, high).astype(dtype)
 
 
+# aten::rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
+#   bool? pin_memory=None) -> Tensor
 @register_lowering(aten.rand.default, aten.rand_like.default, random=True)
 def rand(ctx, *args, **kwargs):
     return _uniform(ctx)
 
 
+# aten::randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
+#   bool? pin_memory=None) -> Tensor
 @register_lowering(aten.randn.default, aten.randn_like.default, random=True)
 def randn(ctx, *args, **kwargs):
     shape, dtype = _out(ctx)
@@ -71,6 +75,7 @@ def poisson(ctx, self, generator=None):
     return jax.random.poisson(ctx.key(), rate, shape).astype(dtype)
 
 
+# aten::exponential(Tensor self, float lambd=1., *, Generator? generator=None) -> Tensor
 @register_lowering(aten.exponential.default, random=True)
 def exponential(ctx, self, lambd=1.0, generator=None):
     shape, dtype = _out(ctx)
@@ -83,16 +88,23 @@ def randint_low(ctx, low, high, size, **kwargs):
     return _randint(ctx, low, high)
 
 
+# aten::randint(SymInt high, SymInt[] size, *, ScalarType? dtype=4, Layout? layout=None, Device?
+#   device=None, bool? pin_memory=None) -> Tensor
 @register_lowering(aten.randint.default, random=True)
 def randint(ctx, high, size, **kwargs):
     return _randint(ctx, 0, high)
 
 
+# aten::randint_like(Tensor self, SymInt high, *, ScalarType? dtype=None, Layout? layout=None,
+#   Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 @register_lowering(aten.randint_like.default, random=True)
 def randint_like(ctx, self, high, **kwargs):
     return _randint(ctx, 0, high)
 
 
+# aten::randint_like.low_dtype(Tensor self, SymInt low, SymInt high, *, ScalarType? dtype=None,
+#   Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat?
+#   memory_format=None) -> Tensor
 @register_lowering(aten.randint_like.low_dtype, random=True)
 def randint_like_low(ctx, self, low, high, **kwargs):
     return _randint(ctx, low, high)

@@ -32,6 +32,7 @@ def sum_(ctx, self, dim=None, keepdim=False, dtype=None):
     return jnp.sum(x, axis=_dims(dim, self.ndim), keepdims=keepdim).astype(out)
 
 
+# aten::mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 @register_lowering(aten.mean.dim, aten.mean.default)
 def mean(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
@@ -39,6 +40,7 @@ def mean(ctx, self, dim=None, keepdim=False, dtype=None):
     return jnp.mean(x, axis=_dims(dim, self.ndim), keepdims=keepdim).astype(out)
 
 
+# aten::prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 @register_lowering(aten.prod.dim_int, aten.prod.default)
 def prod(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
@@ -57,11 +59,15 @@ def var(ctx, self, dim=None, correction=None, keepdim=False):
     return jnp.var(x, axis=_dims(dim, self.ndim), ddof=ddof, keepdims=keepdim).astype(out)
 
 
+# aten::std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool
+#   keepdim=False) -> Tensor
 @register_lowering(aten.std.correction)
 def std(ctx, self, dim=None, correction=None, keepdim=False):
     return jnp.sqrt(var(ctx, self, dim, correction=correction, keepdim=keepdim))
 
 
+# aten::var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool
+#   keepdim=False) -> (Tensor, Tensor)
 @register_lowering(aten.var_mean.correction)
 def var_mean(ctx, self, dim=None, correction=None, keepdim=False):
     x = self.astype(opmath_dtype(self.dtype))
@@ -82,21 +88,25 @@ def _minmax(fn, self, dim, keepdim):
     return fn(self, axis=axes, keepdims=keepdim)
 
 
+# aten::amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 @register_lowering(aten.amax.default)
 def amax(ctx, self, dim=(), keepdim=False):
     return _minmax(jnp.max, self, dim, keepdim)
 
 
+# aten::amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 @register_lowering(aten.amin.default)
 def amin(ctx, self, dim=(), keepdim=False):
     return _minmax(jnp.min, self, dim, keepdim)
 
 
+# aten::max(Tensor self) -> Tensor
 @register_lowering(aten.max.default)
 def max_(ctx, self):
     return _minmax(jnp.max, self, None, False)
 
 
+# aten::min(Tensor self) -> Tensor
 @register_lowering(aten.min.default)
 def min_(ctx, self):
     return _minmax(jnp.min, self, None, False)
@@ -123,11 +133,13 @@ def _arg(self, dim, keepdim, largest):
     return idx
 
 
+# aten::argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
 @register_lowering(aten.argmax.default)
 def argmax(ctx, self, dim=None, keepdim=False):
     return _arg(self, dim, keepdim, True)
 
 
+# aten::argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
 @register_lowering(aten.argmin.default)
 def argmin(ctx, self, dim=None, keepdim=False):
     return _arg(self, dim, keepdim, False)
@@ -139,23 +151,27 @@ def max_dim(ctx, self, dim, keepdim=False):
     return _minmax(jnp.max, self, dim, keepdim), _arg(self, dim, keepdim, True)
 
 
+# aten::min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
 @register_lowering(aten.min.dim)
 def min_dim(ctx, self, dim, keepdim=False):
     return _minmax(jnp.min, self, dim, keepdim), _arg(self, dim, keepdim, False)
 
 
+# aten::any(Tensor self) -> Tensor
 @register_lowering(aten.any.default, aten.any.dim, aten.any.dims)
 def any_(ctx, self, dim=None, keepdim=False):
     out = jnp.any(self != 0, axis=_dims(dim, self.ndim), keepdims=keepdim)
     return out.astype(ctx.out_dtype())
 
 
+# aten::all(Tensor self) -> Tensor
 @register_lowering(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(ctx, self, dim=None, keepdim=False):
     out = jnp.all(self != 0, axis=_dims(dim, self.ndim), keepdims=keepdim)
     return out.astype(ctx.out_dtype())
 
 
+# aten::logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor
 @register_lowering(aten.logsumexp.default)
 def logsumexp(ctx, self, dim, keepdim=False):
     out = ctx.out_dtype()
@@ -186,6 +202,7 @@ def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):
     return r.astype(out)
 
 
+# aten::cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
 @register_lowering(aten.cumsum.default)
 def cumsum(ctx, self, dim, dtype=None):
     out = ctx.out_dtype()
@@ -194,6 +211,7 @@ def cumsum(ctx, self, dim, dtype=None):
     return jnp.cumsum(self.astype(opmath_dtype(out)), axis=dim).astype(out)
 
 
+# aten::cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
 @register_lowering(aten.cumprod.default)
 def cumprod(ctx, self, dim, dtype=None):
     out = ctx.out_dtype()

@@ -154,6 +154,7 @@ def polygamma(ctx, n, self):
     return sign * math.exp(math.lgamma(n + 1.0)) * _zeta(jnp.full_like(x, n + 1.0), x)
 
 
+# aten::digamma(Tensor self) -> Tensor
 @register_lowering(aten.digamma.default, promote=P.INT_TO_FLOAT)
 def digamma(ctx, self):
     return _digamma(self)

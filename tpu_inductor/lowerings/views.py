@@ -27,6 +27,7 @@ def _shape(ctx, shape):
     return ctx.out_shape()
 
 
+# aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)
 @register_lowering(
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default
 )
@@ -34,6 +35,7 @@ def view(ctx, self, size):
     return jnp.reshape(self, _shape(ctx, size))
 
 
+# aten::view.dtype(Tensor(a) self, ScalarType dtype) -> Tensor(a)
 @register_lowering(aten.view.dtype)
 def view_dtype(ctx, self, dtype):
     out = ctx.out_dtype()
@@ -47,31 +49,37 @@ def view_dtype(ctx, self, dtype):
     return lax.bitcast_convert_type(y, out)
 
 
+# aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)
 @register_lowering(aten.permute.default)
 def permute(ctx, self, dims):
     return jnp.transpose(self, [_dim(d, self.ndim) for d in dims])
 
 
+# aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
 @register_lowering(aten.transpose.int)
 def transpose(ctx, self, dim0, dim1):
     return jnp.swapaxes(self, _dim(dim0, self.ndim), _dim(dim1, self.ndim))
 
 
+# aten::t(Tensor(a) self) -> Tensor(a)
 @register_lowering(aten.t.default)
 def t(ctx, self):
     return self.T
 
 
+# aten::expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
 @register_lowering(aten.expand.default, aten.expand_copy.default)
 def expand(ctx, self, size, implicit=False):
     return jnp.broadcast_to(self, _shape(ctx, size))
 
 
+# aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)
 @register_lowering(aten.unsqueeze.default)
 def unsqueeze(ctx, self, dim):
     return jnp.expand_dims(self, _dim(dim, self.ndim + 1))
 
 
+# aten::squeeze(Tensor(a) self) -> Tensor(a)
 @register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def squeeze(ctx, self, dim=None):
     if self.ndim == 0:
@@ -109,6 +117,7 @@ def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     return self.at[index].set(src.astype(self.dtype))
 
 
+# aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
 @register_lowering(aten.select.int, aten.select_copy.int)
 def select(ctx, self, dim, index):
     dim = _dim(dim, self.ndim)
@@ -116,6 +125,7 @@ def select(ctx, self, dim, index):
     return lax.index_in_dim(self, index, axis=dim, keepdims=False)
 
 
+# aten::narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)
 @register_lowering(aten.narrow.default)
 def narrow(ctx, self, dim, start, length):
     dim = _dim(dim, self.ndim)
@@ -123,6 +133,7 @@ def narrow(ctx, self, dim, start, length):
     return lax.slice_in_dim(self, start, start + length, axis=dim)
 
 
+# aten::split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
 @register_lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
 def split_with_sizes(ctx, self, split_sizes, dim=0):
     dim = _dim(dim, self.ndim)
@@ -133,6 +144,7 @@ def split_with_sizes(ctx, self, split_sizes, dim=0):
     )
 
 
+# aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
 @register_lowering(aten.split.Tensor, aten.split_copy.Tensor)
 def split(ctx, self, split_size, dim=0):
     dim = _dim(dim, self.ndim)
@@ -141,6 +153,7 @@ def split(ctx, self, split_size, dim=0):
     return split_with_sizes(ctx, self, sizes, dim)
 
 
+# aten::unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
 @register_lowering(aten.unbind.int, aten.unbind_copy.int)
 def unbind(ctx, self, dim=0):
     dim = _dim(dim, self.ndim)
@@ -160,17 +173,20 @@ def cat(ctx, tensors, dim=0):
     return jnp.concatenate(parts, axis=_dim(dim, parts[0].ndim))
 
 
+# aten::stack(Tensor[] tensors, int dim=0) -> Tensor
 @register_lowering(aten.stack.default)
 def stack(ctx, tensors, dim=0):
     dtype = ctx.out_dtype()
     return jnp.stack([t.astype(dtype) for t in tensors], axis=_dim(dim, tensors[0].ndim + 1))
 
 
+# aten::flip(Tensor self, int[] dims) -> Tensor
 @register_lowering(aten.flip.default)
 def flip(ctx, self, dims):
     return jnp.flip(self, [_dim(d, self.ndim) for d in dims]) if dims else self
 
 
+# aten::roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
 @register_lowering(aten.roll.default)
 def roll(ctx, self, shifts, dims=()):
     if not dims:
@@ -178,6 +194,7 @@ def roll(ctx, self, shifts, dims=()):
     return jnp.roll(self, shifts, [_dim(d, self.ndim) for d in dims])
 
 
+# aten::repeat(Tensor self, SymInt[] repeats) -> Tensor
 @register_lowering(aten.repeat.default)
 def repeat(ctx, self, repeats):
     return jnp.tile(self, repeats)
@@ -193,26 +210,31 @@ def constant_pad_nd(ctx, self, pad, value=0):
     return lax.pad(self, jnp.asarray(value, dtype=self.dtype), config)
 
 
+# aten::diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
 @register_lowering(aten.diagonal.default, aten.diagonal_copy.default)
 def diagonal(ctx, self, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(self, offset, _dim(dim1, self.ndim), _dim(dim2, self.ndim))
 
 
+# aten::view_as_real(Tensor(a) self) -> Tensor(a)
 @register_lowering(aten.view_as_real.default)
 def view_as_real(ctx, self):
     return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
 
 
+# aten::view_as_complex(Tensor(a) self) -> Tensor(a)
 @register_lowering(aten.view_as_complex.default)
 def view_as_complex(ctx, self):
     return lax.complex(self[..., 0], self[..., 1])
 
 
+# aten::real(Tensor(a) self) -> Tensor(a)
 @register_lowering(aten.real.default)
 def real(ctx, self):
     return jnp.real(self)
 
 
+# aten::imag(Tensor(a) self) -> Tensor(a)
 @register_lowering(aten.imag.default)
 def imag(ctx, self):
     return jnp.imag(self)
@@ -265,6 +287,7 @@ def as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
     return flat.reshape(self.shape)
 
 
+# aten::unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)
 @register_lowering(aten.unfold.default)
 def unfold(ctx, self, dimension, size, step):
     if self.ndim == 0:
@@ -277,22 +300,26 @@ def unfold(ctx, self, dimension, size, step):
 
 
 # Size queries left in graphs with symbolic shapes; the sizes are concrete while tracing.
+# aten::sym_size.int(Tensor self, int dim) -> SymInt
 @register_lowering(aten.sym_size.int)
 def sym_size(ctx, self, dim):
     return self.shape[dim]
 
 
+# aten::sym_numel(Tensor self) -> SymInt
 @register_lowering(aten.sym_numel.default)
 def sym_numel(ctx, self):
     return self.size
 
 
+# aten::sym_stride.int(Tensor self, int dim) -> SymInt
 @register_lowering(aten.sym_stride.int)
 def sym_stride(ctx, self, dim):
     strides = np.cumprod((1,) + tuple(reversed(self.shape[1:])))[::-1]
     return int(strides[dim])
 
 
+# aten::sym_storage_offset(Tensor self) -> SymInt
 @register_lowering(aten.sym_storage_offset.default)
 def sym_storage_offset(ctx, self):
     return 0
