@@ -98,3 +98,27 @@ def test_complex_decompositions():
     check_fn(lambda a: torch.linalg.qr(a), a, atol=1e-4)
     check_fn(lambda a: torch.linalg.slogdet(a), a, atol=1e-4)
     check_fn(lambda a: torch.linalg.eigvals(a), a, atol=1e-4)
+
+
+def test_refused_arguments_are_sent_to_eager_before_tracing():
+    """Arguments a lowering can't take are refused up front (unsupported.REFUSED): with the
+    default fallback they run in eager and match it; with fallback="error" the complete
+    UnsupportedOpError names the reason."""
+    import warnings
+
+    import tpu_inductor
+
+    a = torch.randn(4, 4, dtype=torch.complex64)
+    a = a + a.mH
+    fn = lambda a: torch.linalg.ldl_factor_ex(a, hermitian=True)  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tpu_inductor.FallbackWarning)
+        got = torch.compile(fn, backend="tpu")(a)
+    want = fn(a)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert any("LDL factorization of a complex matrix" in str(w.message) for w in caught)
+    lu = lambda a: torch.linalg.lu_factor_ex(a, pivot=False)  # noqa: E731
+    compiled = torch.compile(lu, backend="tpu", options={"fallback": "error"})
+    with pytest.raises(tpu_inductor.UnsupportedOpError, match=r"pivot=False.*use pivot=True"):
+        compiled(torch.randn(3, 3))

@@ -214,8 +214,7 @@ def _lu_solve_sided(lu, perm, b, left, adjoint):
 # aten::linalg_lu_factor_ex(Tensor A, *, bool pivot, bool check_errors) -> (LU, pivots, info)
 @register_lowering(aten.linalg_lu_factor_ex.default)
 def linalg_lu_factor_ex(ctx, A, pivot=True, check_errors=False):
-    if not pivot:
-        raise NotImplementedError("LU without pivoting (torch supports it on CUDA only)")
+    # NOTE: pivot=False is refused before tracing (unsupported.REFUSED).
     lu, piv, _ = _lu(A)
     return lu, piv + 1, _lu_info(lu)
 
@@ -223,8 +222,7 @@ def linalg_lu_factor_ex(ctx, A, pivot=True, check_errors=False):
 # aten::linalg_lu(Tensor A, *, bool pivot=True) -> (Tensor P, Tensor L, Tensor U)
 @register_lowering(aten.linalg_lu.default)
 def linalg_lu(ctx, A, pivot=True):
-    if not pivot:
-        raise NotImplementedError("LU without pivoting (torch supports it on CUDA only)")
+    # NOTE: pivot=False is refused before tracing (unsupported.REFUSED).
     lu, _, perm = _lu(A)
     return _unpack(lu, perm, A.dtype)
 
@@ -606,8 +604,7 @@ def _over_batch(fn, *xs, core):
 # aten::linalg_ldl_factor_ex(Tensor self, *, bool hermitian, bool check_errors) -> (LD, piv, info)
 @register_lowering(aten.linalg_ldl_factor_ex.default)
 def linalg_ldl_factor_ex(ctx, self, hermitian=False, check_errors=False):
-    if jnp.iscomplexobj(self):
-        raise NotImplementedError("LDL factorization of complex matrices")
+    # NOTE: complex matrices are refused before tracing (unsupported.REFUSED).
     if self.shape[-1] == 0:
         return self, _empty(ctx, 1), _empty(ctx, 2)
     # NOTE: always LAPACK's unblocked algorithm (sytrf uses it below 64 columns; blocked
@@ -618,8 +615,7 @@ def linalg_ldl_factor_ex(ctx, self, hermitian=False, check_errors=False):
 # aten::linalg_ldl_solve(Tensor LD, Tensor pivots, Tensor B, *, bool hermitian=False) -> Tensor
 @register_lowering(aten.linalg_ldl_solve.default)
 def linalg_ldl_solve(ctx, LD, pivots, B, hermitian=False):
-    if jnp.iscomplexobj(LD) or jnp.iscomplexobj(B):
-        raise NotImplementedError("LDL solve with complex matrices")
+    # NOTE: complex matrices are refused before tracing (unsupported.REFUSED).
     if LD.shape[-1] == 0 or B.size == 0:
         return _empty(ctx, None)
     ld, b = _batch_broadcast(LD, B)

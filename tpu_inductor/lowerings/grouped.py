@@ -75,9 +75,7 @@ def ragged_mm(a, b, offs, precision, out):
 #     ScalarType? out_dtype=None) -> Tensor
 @register_lowering(aten._grouped_mm.default)
 def grouped_mm(ctx, self, mat2, offs=None, bias=None, out_dtype=None):
-    if bias is not None:
-        # torch's kernels and meta function reject a bias too ("not supported yet").
-        raise NotImplementedError("_grouped_mm with a bias (torch does not support it either)")
+    # NOTE: a bias is refused before tracing (unsupported.REFUSED); torch rejects it too.
     # NOTE: rows (2d x 3d) or columns (3d x 2d) past offs[-1] are zeros; torch leaves them
     # uninitialized.
     return ragged_mm(self, mat2, offs, ctx.precision, ctx.out_dtype())

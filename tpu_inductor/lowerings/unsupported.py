@@ -113,7 +113,54 @@ def _scalar_read_as_size(node) -> str | None:
     return None
 
 
+def _arg(node, i: int, name: str, default=None):
+    """Argument ``name`` (position ``i``) of an FX node, given positionally or by keyword."""
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def _is_complex(a) -> bool:
+    val = getattr(a, "meta", {}).get("val")
+    return isinstance(val, torch.Tensor) and val.is_complex()
+
+
+def _lu_without_pivoting(node) -> str | None:
+    # aten::linalg_lu_factor_ex(Tensor A, *, bool pivot=True, bool check_errors=False)
+    # aten::linalg_lu(Tensor A, *, bool pivot=True)
+    if node.kwargs.get("pivot", True):
+        return None
+    return (
+        "LU without pivoting (pivot=False) is not lowered; torch itself computes it on CUDA "
+        "only. What to do: use pivot=True (the default)"
+    )
+
+
+def _complex_ldl(node) -> str | None:
+    # aten::linalg_ldl_factor_ex(Tensor self, *, bool hermitian, bool check_errors)
+    # aten::linalg_ldl_solve(Tensor LD, Tensor pivots, Tensor B, *, bool hermitian=False)
+    tensors = [node.args[0]] + ([node.args[2]] if len(node.args) > 2 else [])
+    if not any(_is_complex(t) for t in tensors):
+        return None
+    return (
+        "the LDL factorization of a complex matrix is not lowered (only real ones). What to do: "
+        "torch.linalg.solve, or run the LDL step outside the compiled region"
+    )
+
+
+def _grouped_mm_bias(node) -> str | None:
+    # aten::_grouped_mm(Tensor self, Tensor mat2, Tensor? offs=None, Tensor? bias=None, ...)
+    if _arg(node, 3, "bias") is None:
+        return None
+    return "a bias is not supported (torch's own kernels reject it too). What to do: add it after"
+
+
 REFUSED: dict[torch._ops.OpOverload, Callable[[Any], str | None]] = {
+    aten.linalg_lu_factor_ex.default: _lu_without_pivoting,
+    aten.linalg_lu.default: _lu_without_pivoting,
+    aten.linalg_ldl_factor_ex.default: _complex_ldl,
+    aten.linalg_ldl_solve.default: _complex_ldl,
+    aten._grouped_mm.default: _grouped_mm_bias,
     aten.index.Tensor: _bool_mask_read,
     aten.index.Tensor_hacked_twin: _bool_mask_read,
     aten._unsafe_index.Tensor: _bool_mask_read,
