@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 
 import pytest
@@ -72,25 +73,27 @@ def test_runs_top_to_bottom(path, tmp_path, monkeypatch):
     )
     try:
         client.execute()
+        failure = None
     except Exception as e:
-        cell = current.get("cell")
-        if cell is None:
+        if "cell" not in current:
             raise
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if errors:
-            what = f"{errors[0]['ename']}: {errors[0]['evalue']}"
-            trace = _strip_ansi("\n".join(errors[0].get("traceback", [])))
-        else:  # a timeout or a dead kernel
-            what, trace = f"{type(e).__name__}: {e}", ""
-        source = "\n".join("    " + line for line in cell.source.splitlines()[:12])
-        pytest.fail(
-            f"{path.name}: cell {current['index']} (id {cell.get('id', '?')!r}) raised {what}\n"
-            f"{source}\n{trace[-4000:]}",
-            pytrace=False,
-        )
+        failure = _describe(path, current["index"], current["cell"], e)
+    if failure is not None:  # outside the except block: no chained nbclient traceback
+        pytest.fail(failure, pytrace=False)
 
 
-def _strip_ansi(text: str) -> str:
-    import re
-
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+def _describe(path: pathlib.Path, index: int, cell, error: Exception) -> str:
+    """Which cell failed, its first lines, and the error with the kernel's traceback."""
+    outputs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if isinstance(error, TimeoutError):  # nbclient's CellTimeoutError
+        what, trace = f"no result within {CELL_TIMEOUT_S} s (the per-cell timeout)", ""
+    elif outputs:
+        what = f"{outputs[0]['ename']}: {outputs[0]['evalue']}"
+        trace = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(outputs[0].get("traceback", [])))
+    else:  # e.g. the kernel died
+        what, trace = f"{type(error).__name__}: {error}", ""
+    source = "\n".join("    " + line for line in cell.source.splitlines()[:12])
+    return (
+        f"{path.name}: cell {index} (id {cell.get('id', '?')!r}) failed: {what}\n"
+        f"{source}\n{trace[-4000:]}"
+    )
