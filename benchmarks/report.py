@@ -299,7 +299,7 @@ _WHY = {
         "benchmarks.convs`: within ~5% of oneDNN summed over a forward, slower on the 8x8 and "
         "4x4 maps) and ~10 ms of max pooling with indices (a variadic reduce-window) per step; "
         "inference lost its worst cost, YNNPACK re-laying-out every weight per call "
-        "(`runtime.CPU_INFERENCE_OPTIONS`)"
+        "(`devices.CPU_INFERENCE_OPTIONS`)"
     ),
 }
 

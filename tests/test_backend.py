@@ -108,7 +108,7 @@ def test_device_option_cpu_and_env(monkeypatch):
     monkeypatch.setenv("TPU_INDUCTOR_DEVICE", "cpu")
     assert parse_options(None).device == "cpu"
     with pytest.raises(InvalidOptionError, match="JAX sees only"):
-        from tpu_inductor.runtime import select_device
+        from tpu_inductor.devices import select_device
 
         select_device("tpu")
 

@@ -364,7 +364,7 @@ def test_jax_sees_x64_only_inside_calls():
 
 
 def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
-    from tpu_inductor import runtime
+    from tpu_inductor import devices
 
     seen = []
     original = jax.stages.Lowered.compile
@@ -378,7 +378,7 @@ def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert_same(torch.compile(conv, backend="tpu")(x), conv(x))
-    assert seen and all(o == runtime.CPU_INFERENCE_OPTIONS for o in seen), seen
+    assert seen and all(o == devices.CPU_INFERENCE_OPTIONS for o in seen), seen
     # Training graphs (forward and backward) compile with XLA's defaults.
     seen.clear()
     conv.train()
@@ -387,13 +387,13 @@ def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
 
 
 def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):
-    from tpu_inductor import runtime
+    from tpu_inductor import devices
 
-    monkeypatch.setattr(runtime, "CPU_INFERENCE_OPTIONS", {"xla_cpu_no_such_option": "1"})
-    monkeypatch.setattr(runtime, "_rejected_options", set())
+    monkeypatch.setattr(devices, "CPU_INFERENCE_OPTIONS", {"xla_cpu_no_such_option": "1"})
+    monkeypatch.setattr(devices, "_rejected_options", set())
     with torch.no_grad():
         check_fn(lambda x: torch.relu(x) * 2, torch.randn(5))
-    assert runtime._rejected_options == {"xla_cpu_no_such_option"}
+    assert devices._rejected_options == {"xla_cpu_no_such_option"}
 
 
 # --- transfers: what crosses host <-> device ------------------------------------------------------

@@ -23,6 +23,7 @@ import torch.fx as fx
 from tpu_inductor import cache, capture, custom_ops, export_cache, sharding
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
+from tpu_inductor.devices import compiler_options, platform_of, select_device
 from tpu_inductor.errors import UnsupportedInputError
 from tpu_inductor.lower import (
     check_dtypes,
@@ -34,13 +35,7 @@ from tpu_inductor.lower import (
     why_unsupported,
 )
 from tpu_inductor.partition import split_for_fallback
-from tpu_inductor.runtime import (
-    CompiledGraph,
-    Executables,
-    compiler_options,
-    platform_of,
-    select_device,
-)
+from tpu_inductor.runtime import CompiledGraph, Executables
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.backend"
 

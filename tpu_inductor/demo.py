@@ -83,7 +83,7 @@ def main(argv=None) -> int:
             print(_best(model, torch.randint(0, 512, (args.batch, args.seq)), args.iters))
         return 0
 
-    from tpu_inductor.runtime import select_device
+    from tpu_inductor.devices import select_device
 
     torch.manual_seed(0)
     model = TinyDecoder(seq=args.seq).eval()

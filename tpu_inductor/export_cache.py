@@ -26,14 +26,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tpu_inductor import cache
 from tpu_inductor.boundary import quiet_readonly_numpy_warning
-from tpu_inductor.runtime import (
-    compile_lowered,
-    compiler_options,
-    device_input,
-    draw_seed,
-    output_to_host,
-    platform_of,
-)
+from tpu_inductor.devices import compile_lowered, compiler_options, platform_of
+from tpu_inductor.runtime import device_input, draw_seed, output_to_host
 from tpu_inductor.transfers import Counter
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.export_cache"
