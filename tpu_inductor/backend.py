@@ -20,7 +20,7 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import cache, capture, custom_ops, export_cache, sharding
+from tpu_inductor import buckets, cache, capture, custom_ops, export_cache, sharding
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.devices import compiler_options, platform_of, select_device
@@ -287,11 +287,11 @@ def compile_graph(
         saved_outputs=saved,
         bumped=bumped,
         backward=kind.startswith("backward"),
-        pad_to=opts.pad_to,
-        gm=gm if opts.pad_to else None,
         plan=plan,
     )
     cache.COMPILED.add(compiled)
+    if opts.pad_to and buckets.can_pad(compiled):
+        compiled = buckets.PaddedGraph(compiled, opts.pad_to, gm)
     log.info(
         "%s: %s graph, %d nodes, lowered in %.1f ms",
         exes.name,

@@ -20,11 +20,13 @@ import bisect
 import warnings
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import torch
 
 from tpu_inductor.dtypes import tolerance
-from tpu_inductor.shapes import concrete, concrete_shape
+from tpu_inductor.runtime import _python_scalar, draw_seed
+from tpu_inductor.shapes import bind, concrete, concrete_shape
 
 
 class PaddingWarning(UserWarning):
@@ -89,3 +91,66 @@ def warn_padding_changed_results(name: str, signature) -> None:
         ),
         stacklevel=3,
     )
+
+
+def can_pad(compiled) -> bool:
+    """Whether shape buckets apply to a compiled graph: dynamic, with no saved activations and
+    no inputs updated in place (their shapes must stay the real ones)."""
+    low = compiled.lowered
+    return low.dynamic and not compiled._saved and not low.mutations
+
+
+class PaddedGraph:
+    """A :class:`~tpu_inductor.runtime.CompiledGraph` called at its inputs' shape buckets.
+
+    Each call pads the inputs up to their buckets, runs the bucket's executable, and slices the
+    outputs back; the first call of each bucket is compared with the exact graph run in torch
+    (see the module docstring). The runtime knows nothing of it: the backend wraps the graphs
+    ``pad_to`` applies to.
+    """
+
+    def __init__(self, compiled, pad_to, gm: torch.fx.GraphModule):
+        self._boxed_call = True  # an instance attribute, like CompiledGraph's
+        self.compiled = compiled
+        self.lowered = compiled.lowered
+        self.pad_to = pad_to
+        self.gm = gm
+
+    def __call__(self, args: list) -> list:
+        c, low = self.compiled, self.lowered
+        exes = c.exes
+        if exes.padding_off:
+            return c(args)
+        seed = draw_seed() if low.has_rng else None
+        originals = list(args)
+        tensor_inputs = c._tensor_inputs
+        with jax.enable_x64(True):
+            values = [
+                c._input(i, a) if i in tensor_inputs else _python_scalar(a)
+                for i, a in enumerate(args)
+            ]
+            args.clear()
+            real = bind(low.input_metas, values)
+            padded = padded_bindings(real, self.pad_to)
+            values = [
+                pad_array(v, m, padded) if isinstance(m, torch.Tensor) else concrete(m, padded)
+                for v, m in zip(values, low.input_metas, strict=True)
+            ]
+            arrays = [v for i, v in enumerate(values) if i in tensor_inputs]
+            statics = [v for i, v in enumerate(values) if i not in tensor_inputs]
+            signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
+            with jax.default_device(c.device):
+                outs = list(exes.get(signature, seed, arrays, statics)(seed, *arrays))
+            for j, (kind, k) in enumerate(low.output_plan):
+                if kind not in ("input", "dup", "detach"):
+                    outs[k] = slice_output(outs[k], low.output_metas[j], real)
+            result = c._assemble(outs, originals)
+        c.transfers.steady = True
+        if signature not in exes.checked and not low.has_rng:
+            exes.checked.add(signature)
+            exact = list(self.gm(*originals))
+            if not results_match(result, exact):
+                exes.padding_off = True
+                warn_padding_changed_results(exes.name, signature)
+                return exact
+        return result

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import torch
 
-from tpu_inductor import buckets, cache, device_owned
+from tpu_inductor import cache, device_owned
 from tpu_inductor.boundary import (
     EFFECT_TOKEN,
     jax_to_host,
@@ -40,7 +40,6 @@ from tpu_inductor.residency import (
     saved_tensors_hooks_active,
     saved_value,
 )
-from tpu_inductor.shapes import bind, concrete
 from tpu_inductor.transfers import D2H, H2D, Counter
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.runtime"
@@ -274,8 +273,6 @@ class CompiledGraph:
         saved_outputs: Sequence[int] = (),
         bumped: frozenset = frozenset(),
         backward: bool = False,
-        pad_to=None,
-        gm=None,
         plan=None,
     ):
         # An instance attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
@@ -283,10 +280,6 @@ class CompiledGraph:
         self.exes = exes
         low = exes.lowered
         self.lowered = low
-        # Shape buckets apply to dynamic graphs without saved activations or mutations only.
-        padding = low.dynamic and not saved_outputs and not low.mutations
-        self.pad_to = pad_to if padding else None
-        self.gm = gm
         self.device = device
         self.plan = plan  # a sharding.Plan: inputs go to the mesh, not to ``device``
         self.name = name
@@ -353,8 +346,6 @@ class CompiledGraph:
         return output_to_host(arr, self.transfers)
 
     def __call__(self, args: list) -> list:
-        if self.pad_to is not None and not self.exes.padding_off:
-            return self._call_padded(args)
         seed = draw_seed() if self.lowered.has_rng else None
         lazy = bool(device_owned.ACTIVE[0]) and (
             any(is_owned(a) for a in args) or (self.forward is not None and self.forward.lazy)
@@ -474,50 +465,6 @@ class CompiledGraph:
                     moved = new.nbytes
                 self.transfers.add(D2H, "write-back", moved)
                 VALUES.record(t, new)
-
-    def _call_padded(self, args: list) -> list:
-        low = self.lowered
-        seed = draw_seed() if low.has_rng else None
-        originals = list(args)
-        with jax.enable_x64(True):
-            values = [
-                self._input(i, a) if i in self._tensor_inputs else _python_scalar(a)
-                for i, a in enumerate(args)
-            ]
-            args.clear()
-            real = bind(low.input_metas, values)
-            padded = buckets.padded_bindings(real, self.pad_to)
-            values = [
-                buckets.pad_array(v, m, padded)
-                if isinstance(m, torch.Tensor)
-                else concrete(m, padded)
-                for v, m in zip(values, low.input_metas, strict=True)
-            ]
-            arrays = [v for i, v in enumerate(values) if i in self._tensor_inputs]
-            statics = [v for i, v in enumerate(values) if i not in self._tensor_inputs]
-            signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
-            with jax.default_device(self.device):
-                outs = self.exes.get(signature, seed, arrays, statics)(seed, *arrays)
-            result = []
-            for j, (kind, k) in enumerate(low.output_plan):
-                if kind == "input":
-                    result.append(originals[k])
-                elif kind == "dup":
-                    result.append(result[k])
-                elif kind == "detach":
-                    result.append(result[k].detach())
-                else:
-                    o = buckets.slice_output(outs[k], low.output_metas[j], real)
-                    result.append(o if j in self._scalar_outputs else self._output(o))
-        self.transfers.steady = True
-        if signature not in self.exes.checked and not low.has_rng:
-            self.exes.checked.add(signature)
-            exact = list(self.gm(*originals))
-            if not buckets.results_match(result, exact):
-                self.exes.padding_off = True
-                buckets.warn_padding_changed_results(self.exes.name, signature)
-                return exact
-        return result
 
 
 def device_input(
