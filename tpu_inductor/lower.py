@@ -1,8 +1,8 @@
 """ATen FX graph -> one pure JAX function.
 
 Every node is looked up before anything is lowered, so a graph with several unsupported ops
-fails once, listing all of them. The returned function is pure: tensors in, tensors out, with a
-PRNG seed as its first argument when the graph draws random numbers.
+fails once, listing all of them. The returned function is pure: tensors in, tensors out; its
+first argument is a PRNG seed (``None`` when the graph draws no random numbers).
 """
 
 from __future__ import annotations
@@ -140,10 +140,13 @@ class LoweredGraph:
     """A graph translated to a pure JAX function.
 
     Attributes:
-        fn: ``fn(seed, *inputs) -> tuple of outputs``; ``seed`` is a ``uint32[2]`` or ``None``.
+        fn: ``fn(seed, *inputs) -> tuple``: the computed outputs (the ``("out", k)`` entries of
+            ``output_plan``), then the new values of ``mutations``; ``seed`` is a ``uint32[2]``
+            or ``None``.
         tensor_inputs: positions of graph inputs that are tensors (the rest are static).
         has_rng: whether ``fn`` needs a seed.
-        num_outputs: length of the output tuple.
+        num_outputs: how many outputs the graph declares (``len(output_plan)``; ``fn`` returns
+            fewer when some are inputs or duplicates, more when inputs are updated in place).
         scalar_outputs: output positions that are Python numbers (sizes returned for backward);
             the jitted function returns them as 0-d arrays.
         dynamic: whether the graph has symbolic sizes (specialized per concrete shape).
@@ -245,7 +248,7 @@ def check_supported(gm: fx.GraphModule) -> None:
         missing.append(line)
     if missing:
         raise UnsupportedOpError(
-            f"{len(missing)} op(s) in this graph have no TPU lowering:\n  - "
+            f"{len(missing)} op(s) in this graph have no lowering:\n  - "
             + "\n  - ".join(missing)
             + "\nWhat to do: rewrite those lines with supported ops, move them outside the "
             "compiled region (e.g. torch.compiler.disable), or report the op so a lowering can "

@@ -93,7 +93,7 @@ def split_for_fallback(
     )
     warnings.warn(
         FallbackWarning(
-            f"{len(fallen)} op(s) have no TPU lowering and run in torch on the CPU "
+            f"{len(fallen)} op(s) have no lowering and run in torch on the CPU "
             f"({islands} compiled island(s) around them):\n  - {lines}\n"
             "Each fallback copies tensors between the device and the host. Use "
             "options={'fallback': 'error'} to make this an error instead."

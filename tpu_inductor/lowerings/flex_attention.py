@@ -93,7 +93,7 @@ def _lower_mod(sub, what: str, precision) -> tuple[Callable, list]:
         lowered = lower_graph(gm, precision=_precision_name(precision))
     except UnsupportedOpError as e:
         raise UnsupportedOpError(
-            f"flex_attention: the {what} uses ops without a TPU lowering, so the attention "
+            f"flex_attention: the {what} uses ops without a lowering, so the attention "
             f"cannot be lowered:\n{e}",
             missing=getattr(e, "missing", None),
         ) from e
