@@ -119,3 +119,14 @@ def test_dump_dir_and_logging(tmp_path):
     assert {"fx_graph.py", "executable0.jaxpr.txt", "executable0.stablehlo.mlir"} <= files
     assert "relu" in (folder / "fx_graph.py").read_text()
     assert "stablehlo" in (folder / "executable0.stablehlo.mlir").read_text()
+
+
+def test_assert_matches_cpu_compares_a_cache_object_field_by_field():
+    """A transformers model with its cache on returns a DynamicCache: compared by its tensors,
+    not with == (which is identity for it and always failed)."""
+    from tests.helpers import tiny_llama
+
+    model = tiny_llama().eval()
+    ids = torch.randint(1, 128, (2, 8))
+    with torch.no_grad():
+        assert_matches_cpu(model, input_ids=ids, use_cache=True)

@@ -97,6 +97,14 @@ def _diff_tree(what: str, actual, expected, atol, rtol) -> list[str]:
         ]
     if hasattr(expected, "to_tuple") and hasattr(actual, "to_tuple"):  # HF ModelOutput
         return _diff_tree(what, actual.to_tuple(), expected.to_tuple(), atol, rtol)
+    if not isinstance(expected, torch.Tensor) and type(actual) is type(expected):
+        fields = getattr(expected, "__dict__", None)
+        if fields is not None and what.count(".") < 4:  # a cache object (DynamicCache, ...)
+            return [
+                p
+                for k in fields
+                for p in _diff_tree(f"{what}.{k}", vars(actual).get(k), fields[k], atol, rtol)
+            ]
     if not isinstance(expected, torch.Tensor):
         return [] if actual == expected else [f"{what}: {actual!r} != {expected!r}"]
     if not isinstance(actual, torch.Tensor):
