@@ -104,6 +104,13 @@ def jax_to_host(arr) -> tuple[torch.Tensor, np.ndarray]:
     """
     # jax.process_count() is cached by JAX (~30 ns): the single-process path is as it was.
     host = _gather(arr) if jax.process_count() > 1 else np.asarray(arr)
+    if getattr(arr, "_npy_value", None) is host:
+        # JAX keeps a host copy it made on the array (a sharded array's assembled value; on
+        # TPU/GPU, by jax/_src/array.py, any copy), so ``host`` lives as long as ``arr``, which
+        # residency.VALUES keeps until ``host`` dies: every output would stay resident for good
+        # (fsdp on 2 CPU devices kept every step's gradients and logits). A view is an owner
+        # ``arr`` doesn't hold (~60 ns, only here).
+        host = host.view()
     back = _BITCAST_BACK.get(host.dtype)
     if back is not None:
         host = host.view(f"u{host.dtype.itemsize}")
