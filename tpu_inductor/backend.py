@@ -44,7 +44,10 @@ _graph_ids = itertools.count()
 
 
 def tpu_backend(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
 ):
     """Compile a Dynamo graph for the best JAX device (``torch.compile(backend="tpu")``).
 
@@ -52,16 +55,23 @@ def tpu_backend(
         gm: the torch-level FX graph Dynamo captured.
         example_inputs: its example inputs (FakeTensors, SymInts).
         options: ``torch.compile(..., options={...})``; see :class:`tpu_inductor.config.Options`.
+        mode: ``torch.compile(..., mode=...)``: ``"default"``, ``"reduce-overhead"``,
+            ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``; all compile the same way
+            here (see :data:`tpu_inductor.config.MODES` for why).
 
     Returns:
         A callable running the graph through JAX, forward and backward.
+
+    Raises:
+        InvalidOptionError: at the first call (the first graph: torch hands a backend its
+            options no earlier), listing every bad option and an unknown mode.
 
     Example:
         >>> model = torch.compile(torch.nn.Linear(4, 4), backend="tpu")
         >>> model(torch.randn(2, 4)).shape
         torch.Size([2, 4])
     """
-    opts = parse_options(options)
+    opts = parse_options(options, mode)
     configure_logging()
     check_inputs(gm, example_inputs)
     plan = sharding.parse_plan(opts.mesh, opts.shardings)
@@ -124,15 +134,19 @@ def _input_name(placeholders: list[fx.Node], i: int) -> str:
 
 
 def tpu_inductor_backend(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
 ):
     """The same backend under the name ``"tpu_inductor"``, which no other package claims.
 
     If another package owns the name ``"tpu"`` (TorchTPU registers one too), this warns once
-    so the user knows which backend ``"tpu"`` reaches.
+    so the user knows which backend ``"tpu"`` reaches. ``options`` and ``mode`` are as for
+    :func:`tpu_backend`.
     """
     _warn_if_tpu_name_taken()
-    return tpu_backend(gm, example_inputs, options)
+    return tpu_backend(gm, example_inputs, options, mode)
 
 
 def _tpu_entry_points() -> list:

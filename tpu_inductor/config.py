@@ -4,11 +4,17 @@ Options come from ``torch.compile(..., backend="tpu", options={...})``; each als
 ``TPU_INDUCTOR_*`` environment variable that supplies its default. Options win over the
 environment. Unknown options and bad values raise :class:`InvalidOptionError`, which lists
 every problem at once together with the known options.
+
+torch hands a custom backend its ``options`` (and ``mode``) only when Dynamo calls it with the
+first graph, i.e. at the first call of the compiled function, never at ``torch.compile(...)``
+time: ``torch._TorchCompileWrapper.__init__`` only stores them in ``self.kwargs`` and
+``__call__(model_, inputs_)`` passes them on. That first call is where they are checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 from collections.abc import Mapping
@@ -20,6 +26,24 @@ from tpu_inductor.errors import InvalidOptionError
 DEVICES = ("tpu", "gpu", "cpu")
 FALLBACKS = ("eager", "error")
 TRANSFER_POLICIES = ("count", "log", "error")
+
+# torch.compile's ``mode`` values and what each means here. torch passes ``mode=`` to a custom
+# backend only when it is not "default" (torch/__init__.py, _TorchCompileWrapper.__init__). None
+# of them changes what this backend builds, so they are not part of any cache key.
+MODES = {
+    "default": "compile each graph for the JAX device, one XLA executable per input signature",
+    "reduce-overhead": (
+        "the same as default: Inductor's mode captures CUDA graphs to cut per-call Python and "
+        "launch overhead; here each graph is already one cached XLA executable per shape, "
+        "called directly (no CUDA graphs, nothing more to capture)"
+    ),
+    "max-autotune": (
+        "the same as default: Inductor's mode benchmarks Triton kernel choices; XLA has no "
+        "such switch for us to turn on (on GPU it already autotunes GEMMs and convolutions by "
+        "default, on TPU and CPU it picks its own tilings)"
+    ),
+    "max-autotune-no-cudagraphs": "the same as default (max-autotune without CUDA graphs)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,27 +127,46 @@ def _from_env(name: str, field: dataclasses.Field) -> Any:
     return raw
 
 
-def parse_options(options: Mapping[str, Any] | None) -> Options:
-    """Validate user options and fill the rest from the environment.
+def parse_options(options: Mapping[str, Any] | None, mode: str | None = None) -> Options:
+    """Validate user options (and torch.compile's ``mode``) and fill the rest from the
+    environment.
 
     Args:
         options: the ``options`` dict given to ``torch.compile``, or ``None``.
+        mode: the ``mode`` given to ``torch.compile``: ``None`` or one of :data:`MODES`
+            (validated only; none of them changes what is compiled).
 
     Returns:
         A frozen :class:`Options`.
 
     Raises:
-        InvalidOptionError: listing every unknown option and every bad value.
+        InvalidOptionError: listing every problem at once: options that are not a dict, each
+            unknown option (with the closest known name), each bad value or type, a bad mesh
+            or sharding plan, and an unknown mode.
 
     Example:
         >>> parse_options({"device": "cpu"}).device
         'cpu'
     """
-    options = dict(options or {})
     fields = {f.name: f for f in dataclasses.fields(Options)}
     problems = []
-    for key in sorted(set(options) - set(fields)):
-        problems.append(f"unknown option {key!r}")
+    if mode is not None and mode not in MODES:
+        problems.append(
+            f"mode {mode!r} is not a torch.compile mode; valid modes: "
+            + ", ".join(repr(m) for m in MODES)
+            + " (all compile the same way here: see the README's Options)"
+        )
+    if options is not None and not isinstance(options, Mapping):
+        problems.append(
+            "options must be a dict of option names to values, e.g. options={'device': 'cpu'}; "
+            f"got {type(options).__name__} {options!r}"
+        )
+        options = None
+    options = dict(options or {})
+    for key in sorted(set(options) - set(fields), key=repr):
+        close = difflib.get_close_matches(key, fields, n=1) if isinstance(key, str) else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(f"unknown option {key!r}{hint}")
     values = {}
     for name, field in fields.items():
         value = options[name] if name in options else _from_env(name, field)
@@ -158,6 +201,10 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
     elif pad is not None and pad != "pow2":
         problems.append(f"option 'pad_to' must be 'pow2' or a list of sizes, got {pad!r}")
     values["pad_to"] = pad
+    try:
+        sharding.parse_plan(values["mesh"], values["shardings"])  # a bad mesh or plan
+    except InvalidOptionError as e:
+        problems.append(str(e).replace("\n", "\n    "))
     if problems:
         known = ", ".join(f"{n} (env {_ENV[n]})" if n in _ENV else n for n in fields)
         raise InvalidOptionError(
@@ -168,7 +215,6 @@ def parse_options(options: Mapping[str, Any] | None) -> Options:
     for name in ("cache_dir", "dump_dir"):
         if values[name] is not None:
             values[name] = os.fspath(values[name])
-    sharding.parse_plan(values["mesh"], values["shardings"])  # raises on a bad mesh or plan
     return Options(**values)
 
 
