@@ -9,6 +9,10 @@ rename PrivateUse1, change torch defaults or start a JAX backend.
 """
 
 from tpu_inductor import cache, debug, testing
+
+# tpu_inductor.transformers.enable(model); left out of __all__ so that a star import never
+# shadows the transformers package itself. It imports transformers only when called.
+from tpu_inductor import transformers as transformers
 from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
 from tpu_inductor.custom_ops import (
     pallas_interpret,

@@ -1,0 +1,216 @@
+"""transformers' own compile path in ``generate()`` (``compile_config=``) with this backend.
+
+``model.generate(..., cache_implementation="static", compile_config=CompileConfig(...))``
+compiles the model's forward for the decode steps only when
+``GenerationMixin._valid_auto_compile_criteria`` allows it (transformers 5.x,
+``generation/utils.py``): the cache must be compilable (static) and either
+``model.device.type`` is one of ``cuda, xpu, neuron, tpu, mps``, or the config carries
+transformers' own flag ``CompileConfig._compile_all_devices`` ("used to flag our `generate`
+call to compile on e.g. CPU"). With tpu-inductor the model lives on the CPU by design, so a
+plain ``CompileConfig(backend="tpu")`` is skipped with only a one-time log warning.
+
+- :func:`compile_config` builds a ``CompileConfig`` for this backend with that flag set: no
+  patching, nothing global; pass it to ``generate(compile_config=...)``.
+- :func:`enable` makes one model do it by default (its ``generation_config.compile_config``),
+  and, for as long as it is enabled, also honours a plain ``CompileConfig(backend="tpu")``
+  passed to that model's ``generate``. It is scoped to the model and undone by
+  :meth:`Enabled.disable` or at the end of a ``with`` block.
+
+transformers is imported only when these functions are called, never on import.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tpu_inductor.config import parse_options
+from tpu_inductor.errors import InvalidOptionError
+
+#: backend names and functions that are this backend.
+BACKEND_NAMES = ("tpu", "tpu_inductor")
+
+# transformers' CompileConfig defaults to mode="reduce-overhead", which torch.compile refuses
+# together with options ("Either mode or options can be specified"); here it means nothing.
+_TRANSFORMERS_DEFAULT_MODE = "reduce-overhead"
+
+
+def compile_config(
+    *,
+    backend: str | Callable = "tpu",
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+):
+    """A ``transformers.CompileConfig`` for this backend that ``generate()`` honours on CPU.
+
+    Sets transformers' ``_compile_all_devices`` flag on the instance (the models stay on the
+    CPU, which transformers otherwise never compiles for). ``options`` and ``mode`` are checked
+    here, at once, rather than at the first decode step.
+
+    Args:
+        backend: ``"tpu"`` or ``"tpu_inductor"`` (or the backend function).
+        fullgraph: ``torch.compile``'s ``fullgraph``.
+        dynamic: ``torch.compile``'s ``dynamic``.
+        mode: ``None`` or a ``torch.compile`` mode (all compile the same way here).
+        options: backend options (see the README's Options); not together with ``mode``.
+
+    Returns:
+        A ``transformers.CompileConfig``.
+
+    Raises:
+        InvalidOptionError: bad options or mode, both ``mode`` and ``options``, or another
+            backend.
+
+    Example:
+        >>> cc = compile_config(options={"device": "cpu"})
+        >>> out = model.generate(ids, cache_implementation="static", compile_config=cc)
+    """
+    import transformers
+
+    if not is_ours(backend):
+        raise InvalidOptionError(
+            f"compile_config() is for tpu-inductor's backends {BACKEND_NAMES}, got {backend!r}; "
+            "use transformers.CompileConfig directly for another backend"
+        )
+    if mode is not None and options is not None:
+        raise InvalidOptionError(
+            "torch.compile takes mode or options, not both; give only options (every mode "
+            "compiles the same way with tpu-inductor)"
+        )
+    parse_options(options, mode)
+    config = transformers.CompileConfig(
+        fullgraph=fullgraph,
+        dynamic=dynamic,
+        backend=backend,
+        mode=mode,
+        options=dict(options) if options is not None else None,
+    )
+    config._compile_all_devices = True  # transformers' flag: compile a CPU-resident model
+    return config
+
+
+def is_ours(backend: Any) -> bool:
+    """Whether ``backend`` (a ``torch.compile`` backend name or function) is tpu-inductor."""
+    if isinstance(backend, str):
+        return backend in BACKEND_NAMES
+    from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
+
+    return backend in (tpu_backend, tpu_inductor_backend)
+
+
+def _for_cpu(config):
+    """A copy of a ``CompileConfig`` naming this backend, flagged to compile on CPU; any other
+    config (or ``None``) unchanged."""
+    if config is None or not is_ours(getattr(config, "backend", None)):
+        return config
+    if getattr(config, "_compile_all_devices", None) and not (
+        config.options is not None and config.mode is not None
+    ):
+        return config
+    config = copy.copy(config)
+    config._compile_all_devices = True
+    if config.options is not None and config.mode == _TRANSFORMERS_DEFAULT_MODE:
+        config.mode = None  # transformers' default, not the user's: torch refuses both
+    return config
+
+
+class Enabled:
+    """What :func:`enable` did to one model; undo it with :meth:`disable` or ``with``."""
+
+    def __init__(self, model, config) -> None:
+        self.model = model
+        self.config = config
+        gen = model.generation_config
+        self._saved_config = gen.compile_config
+        self._saved_generate = model.__dict__.get("generate")
+        self._saved_attrs = {
+            name: model.__dict__[name]
+            for name in ("_compiled_call", "_last_compile_config")
+            if name in model.__dict__
+        }
+        gen.compile_config = config
+        generate = model.generate
+
+        @functools.wraps(generate)
+        def generate_on_tpu(*args, **kwargs):
+            if "compile_config" in kwargs:
+                kwargs["compile_config"] = _for_cpu(kwargs["compile_config"])
+            given = kwargs.get("generation_config")
+            cc = getattr(given, "compile_config", None)
+            if given is not None and _for_cpu(cc) is not cc:
+                given = copy.deepcopy(given)
+                given.compile_config = _for_cpu(cc)
+                kwargs["generation_config"] = given
+            return generate(*args, **kwargs)
+
+        generate_on_tpu.__tpu_inductor_enabled__ = self
+        model.generate = generate_on_tpu
+        self.active = True
+
+    def disable(self) -> None:
+        """Restore the model's ``generate``, its ``generation_config.compile_config`` and
+        transformers' cached compiled forward as they were before :func:`enable`."""
+        if not self.active:
+            return
+        self.active = False
+        model = self.model
+        if self._saved_generate is None:
+            model.__dict__.pop("generate", None)
+        else:
+            model.generate = self._saved_generate
+        model.generation_config.compile_config = self._saved_config
+        for name in ("_compiled_call", "_last_compile_config"):
+            if name in self._saved_attrs:
+                setattr(model, name, self._saved_attrs[name])
+            else:
+                model.__dict__.pop(name, None)
+
+    def __enter__(self) -> Enabled:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.disable()
+        return False
+
+
+def enable(model, **compile_kwargs) -> Enabled:
+    """Make ``model.generate()`` compile its forward with tpu-inductor, the transformers way.
+
+    Sets ``model.generation_config.compile_config`` to :func:`compile_config` (so a
+    ``generate(..., cache_implementation="static")`` compiles its decode steps through this
+    backend with no ``compile_config`` argument) and, while enabled, lets a
+    ``CompileConfig(backend="tpu")`` passed to this model's ``generate`` (directly or inside a
+    ``generation_config``) through transformers' device check: a copy of it gets transformers'
+    ``_compile_all_devices`` flag, and if it has ``options`` its default
+    ``mode="reduce-overhead"`` is dropped (torch refuses both together; the mode means nothing
+    here). Other backends' configs and other models are untouched. transformers compiles only
+    with a compilable (static) cache: its rule, not ours.
+
+    Args:
+        model: a transformers model with ``generate`` (a ``GenerationMixin``).
+        **compile_kwargs: passed to :func:`compile_config` (``options``, ``dynamic``, ...).
+
+    Returns:
+        An :class:`Enabled` handle; ``with enable(model): ...`` disables it at the end.
+
+    Raises:
+        TypeError: ``model`` has no ``generate`` or ``generation_config``.
+        InvalidOptionError: bad ``options`` or ``mode`` (checked here, not at the first call).
+        RuntimeError: ``model`` is already enabled.
+
+    Example:
+        >>> with tpu_inductor.transformers.enable(model):
+        ...     out = model.generate(ids, max_new_tokens=20, cache_implementation="static")
+    """
+    if not hasattr(model, "generate") or getattr(model, "generation_config", None) is None:
+        raise TypeError(
+            f"{type(model).__name__} has no generate() and generation_config: "
+            "enable() is for transformers models that generate (GenerationMixin)"
+        )
+    if hasattr(model.__dict__.get("generate"), "__tpu_inductor_enabled__"):
+        raise RuntimeError("this model is already enabled; disable() the first handle first")
+    return Enabled(model, compile_config(**compile_kwargs))
