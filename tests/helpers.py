@@ -7,10 +7,14 @@ import copy
 import pytest
 import torch
 
-FP32_TOL = {"atol": 1e-5, "rtol": 1e-4}
+from tpu_inductor.dtypes import tolerance
+
+# The "op" level of the one tolerance table (tpu_inductor.dtypes.TOLERANCES), float32's, for
+# every dtype unless a test passes its own.
+ATOL, RTOL = tolerance(torch.float32, level="op")
 
 
-def assert_same(actual, expected, atol=1e-5, rtol=1e-4, what="output"):
+def assert_same(actual, expected, atol=ATOL, rtol=RTOL, what="output"):
     """dtype and shape exactly, values within tolerance; recurses into tuples/lists/dicts."""
     if isinstance(expected, dict):
         assert set(actual) == set(expected), what
@@ -39,7 +43,7 @@ def compiled(fn, **options):
     return torch.compile(fn, backend="tpu", fullgraph=True, options=options or None)
 
 
-def check_fn(fn, *args, atol=1e-5, rtol=1e-4, **options):
+def check_fn(fn, *args, atol=ATOL, rtol=RTOL, **options):
     """Run ``fn(*args)`` eagerly and compiled on copies of the args; compare outputs and any
     in-place changes to the args."""
     eager_args = copy.deepcopy(args)
@@ -52,7 +56,7 @@ def check_fn(fn, *args, atol=1e-5, rtol=1e-4, **options):
 
 
 def check_module_training(
-    model, make_inputs, steps=3, opt="adamw", atol=1e-5, rtol=1e-4, loss_fn=None
+    model, make_inputs, steps=3, opt="adamw", atol=ATOL, rtol=RTOL, loss_fn=None
 ):
     """Outputs, every parameter's gradient, and ``steps`` optimizer steps against eager.
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from tpu_inductor.dtypes import TOLERANCES
+
 HERE = Path(__file__).resolve().parent
 EXPECTED_FAILURES_FILE = HERE / "expected_failures.py"
 TOLERANCES_FILE = HERE / "tolerances.py"
@@ -33,14 +35,10 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 
-# (atol, rtol) per output dtype (exact for the rest); per-entry overrides live in tolerances.py.
+# (atol, rtol) per output dtype (exact for the rest): the "op" level of the one tolerance table,
+# tpu_inductor.dtypes.TOLERANCES; per-entry overrides live in tolerances.py.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.complex128: (1e-7, 1e-7),
-    torch.float32: (1e-5, 1e-5),
-    torch.complex64: (1e-5, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1e-2, 1.6e-2),
+    dtype: levels["op"] for dtype, levels in TOLERANCES.items()
 }
 
 # Entries whose values are random: checked for structure, shape, dtype and a few statistics.
