@@ -51,16 +51,37 @@ PYTHON_OPS: dict[Any, Callable] = {
     operator.le: operator.le,
     operator.gt: operator.gt,
     operator.ge: operator.ge,
-    math.ceil: math.ceil,
-    math.floor: math.floor,
-    math.sqrt: math.sqrt,
-    torch.sym_float: float,
-    torch.sym_int: int,
-    torch.sym_max: max,
-    torch.sym_min: min,
-    torch.sym_not: operator.not_,
+    operator.abs: operator.abs,
+    operator.pos: operator.pos,
+    operator.and_: operator.and_,
+    operator.or_: operator.or_,
+    operator.xor: operator.xor,
+    operator.lshift: operator.lshift,
+    operator.rshift: operator.rshift,
+    operator.not_: lambda a: jnp.logical_not(a) if _traced(a) else not a,
+    math.ceil: lambda a: jnp.ceil(a) if _traced(a) else math.ceil(a),
+    math.floor: lambda a: jnp.floor(a) if _traced(a) else math.floor(a),
+    math.trunc: lambda a: jnp.trunc(a) if _traced(a) else math.trunc(a),
+    round: lambda a, n=None: jnp.round(a, n or 0) if _traced(a) else round(a, n),
+    math.sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
+    torch.sym_sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
+    torch._sym_sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
+    torch.sym_float: lambda a: a.astype(jnp.float32) if _traced(a) else float(a),
+    torch.sym_int: lambda a: a.astype(jnp.int32) if _traced(a) else int(a),
+    torch.sym_max: lambda a, b: jnp.maximum(a, b) if _traced(a) or _traced(b) else max(a, b),
+    torch.sym_min: lambda a, b: jnp.minimum(a, b) if _traced(a) or _traced(b) else min(a, b),
+    torch.sym_sum: lambda args: sum(args),
+    torch.sym_not: lambda a: jnp.logical_not(a) if _traced(a) else not a,
     torch.sym_ite: lambda b, t, f: jnp.where(b, t, f) if _traced(b) else (t if b else f),
 }
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "log2"):
+    # torch._sym_sin, ...: a symbolic float's math.sin
+    PYTHON_OPS[getattr(torch, f"_sym_{_name}")] = lambda a, _f=_name: (
+        getattr(jnp, {"asin": "arcsin", "acos": "arccos", "atan": "arctan"}.get(_f, _f))(a)
+        if _traced(a)
+        else getattr(math, _f)(a)
+    )
+del _name
 
 
 def _traced(x) -> bool:
@@ -77,11 +98,13 @@ PRECISIONS = {
 
 def user_frame(node: fx.Node) -> str:
     """The user's source line for a node: the last frame of its stack trace or, for a node
-    AOTAutograd made without one (a decomposition's cast), of the nearest node that consumes
-    it (then that it consumes) that has one; ``"<unknown source line>"`` if none has."""
+    AOTAutograd made without one (a decomposition's cast, a symbolic float's arithmetic), of
+    the nearest node that consumes it (then that it consumes) that has one. With none at all,
+    what the node computes from: ``"from a symbolic size (... )"`` for arithmetic on the
+    graph's symbolic sizes, else a note that torch's tracing made it."""
     trace = _nearest_trace(node)
     if not trace:
-        return "<unknown source line>"
+        return _untraced(node)
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("File "):
@@ -90,6 +113,23 @@ def user_frame(node: fx.Node) -> str:
             )
             return f"{lines[i]}: {code}" if code else lines[i]
     return lines[-1]
+
+
+def _untraced(node) -> str:
+    """Where a node with no stack trace near it comes from, in words."""
+    symbols = set()
+    if isinstance(node, fx.Node):
+        for n in (node, *node.all_input_nodes):
+            val = n.meta.get("val")
+            vals = val.shape if isinstance(val, torch.Tensor) else [val]
+            for v in vals:
+                if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+                    if v.node.maybe_as_int() is None if isinstance(v, torch.SymInt) else True:
+                        symbols.update(str(x) for x in getattr(v.node.expr, "free_symbols", ()))
+    if symbols:
+        return f"from a symbolic size ({', '.join(sorted(symbols))}; no source line in the graph)"
+    name = getattr(node, "name", node)
+    return f"{name}, made by torch's tracing (no source line in the graph)"
 
 
 def _nearest_trace(node) -> str | None:

@@ -73,6 +73,9 @@ def split_for_fallback(
         A GraphModule whose unsupported ops run in torch and the rest in JAX.
     """
     fallen = [n for n in gm.graph.nodes if n.op == "call_function" and not is_supported(n)]
+    # Described before fusing: fusion rewires the nodes' users to the islands' outputs, and a
+    # node without a source line takes the line of its nearest consumer.
+    lines = "\n  - ".join(describe(n) for n in fallen)
     partitioner = CapabilityBasedPartitioner(
         gm, _Supported(is_supported), allows_single_node_partition=True
     )
@@ -87,7 +90,6 @@ def split_for_fallback(
         setattr(fused, node.target, _Island(compile_island(sub), single))
         islands += 1
     fused.recompile()
-    lines = "\n  - ".join(describe(n) for n in fallen)
     log.info(
         "%d op(s) run in torch eager, %d compiled island(s):\n  - %s", len(fallen), islands, lines
     )

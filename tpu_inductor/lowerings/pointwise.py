@@ -179,7 +179,16 @@ def rsub(ctx, self, other, alpha=1):
 
 
 # aten::div.Tensor(Tensor self, Tensor other) -> Tensor
-@register_lowering(aten.div.Tensor, aten.div.Scalar, promote=P.INT_TO_FLOAT, promote_args=(0, 1))
+# aten::true_divide.Tensor(Tensor self, Tensor other) -> Tensor: what a symbolic float's division
+# becomes (``2.0 / math.pi`` under dynamic=True: 0-d float64 tensors)
+@register_lowering(
+    aten.div.Tensor,
+    aten.div.Scalar,
+    aten.true_divide.Tensor,
+    aten.true_divide.Scalar,
+    promote=P.INT_TO_FLOAT,
+    promote_args=(0, 1),
+)
 def div(ctx, self, other):
     return jnp.true_divide(self, other)
 
