@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -36,6 +37,17 @@ def assert_same(actual, expected, atol=ATOL, rtol=RTOL, what="output"):
         )
         return
     assert actual == expected, f"{what}: {actual!r} != {expected!r}"
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch eager with one intra-op thread inside the block (tests/models/conftest.py: why)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def compiled(fn, **options):

@@ -9,12 +9,11 @@ runtime stable; the previous setting is restored after each test.
 from __future__ import annotations
 
 import pytest
-import torch
+
+from tests.helpers import one_torch_thread
 
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield

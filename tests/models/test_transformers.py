@@ -349,8 +349,8 @@ MODELS: list[ModelCase] = [
     # --- mixture of experts ---
     # "batched_mm" gathers each token's expert weights: static shapes, one graph. The default
     # "grouped_mm" sorts tokens by expert and calls a transformers custom op
-    # (transformers::grouped_mm_fallback), lowered to a ragged matmul; tests/test_moe.py runs
-    # every MoE model through it.
+    # (transformers::grouped_mm_fallback), lowered to a ragged matmul;
+    # tests/lowerings/test_grouped.py runs every MoE model through it.
     T(
         "mixtral",
         hf_lm(

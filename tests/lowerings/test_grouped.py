@@ -20,7 +20,7 @@ import pytest
 import torch
 from jax import lax
 
-from tests.helpers import compiled
+from tests.helpers import compiled, one_torch_thread
 from tests.models.harness import compare, run_forward, run_training
 from tpu_inductor.errors import FallbackWarning
 from tpu_inductor.lowerings.grouped import ragged_mm
@@ -302,11 +302,9 @@ def _model_params():
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread():  # as for the model tests (tests/models/conftest.py says why)
+    with one_torch_thread():
+        yield
 
 
 @pytest.mark.parametrize("case", _model_params())
