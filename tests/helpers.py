@@ -109,10 +109,11 @@ def check_module_training(
     return eager, comp
 
 
-def tiny_llama(**config):
+def tiny_llama(attn_implementation: str | None = None, **config):
     """A transformers ``LlamaForCausalLM`` from a tiny config with random weights (seed 0):
-    vocab 128, hidden 32, 2 layers, 4 heads, 2 KV heads, unless ``config`` says otherwise.
-    Skips the test when transformers is not installed."""
+    vocab 128, hidden 32, 2 layers, 4 heads, 2 KV heads, unless ``config`` says otherwise, with
+    transformers' default attention unless ``attn_implementation`` names one. Skips the test
+    when transformers is not installed."""
     transformers = pytest.importorskip("transformers")
     defaults = dict(
         vocab_size=128,
@@ -125,4 +126,7 @@ def tiny_llama(**config):
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**defaults, **config}))
+    cfg = transformers.LlamaConfig(**{**defaults, **config})
+    if attn_implementation is None:
+        return transformers.LlamaForCausalLM(cfg)
+    return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=attn_implementation)

@@ -20,7 +20,7 @@ from torch.nn.attention.flex_attention import (
 )
 
 import tpu_inductor
-from tests.helpers import compiled
+from tests.helpers import compiled, tiny_llama
 from tpu_inductor.lowerings import LOWERINGS
 
 B, H, S, D = 2, 4, 24, 8
@@ -261,19 +261,8 @@ def test_eager_cpu_backward_is_still_refused():
 
 
 def test_transformers_llama_flex_attention_matches_eager():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    flex = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="flex_attention")
-    eager = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
+    flex = tiny_llama("flex_attention", vocab_size=64)
+    eager = tiny_llama("eager", vocab_size=64)
     eager.load_state_dict(flex.state_dict())
     ids = torch.randint(0, 64, (2, 12))
     attention_mask = torch.ones_like(ids)
