@@ -130,6 +130,9 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         "(`test_transformers.py`, `test_diffusers.py`, `test_generation.py`). Do not edit by hand: "
         "run `python scripts/gen_models_doc.py`.",
         "",
+        "The same models under `dynamic=True` (several sequence lengths, batch sizes, "
+        "resolutions): [dynamic.md](dynamic.md).",
+        "",
         "Every model is built from a tiny random config (hidden size 32, two layers, a vocabulary "
         "of 128, batch 2 x 8 tokens, 32-pixel images, 64 for timm's ResNet), never downloaded, "
         'and runs through `torch.compile(model, backend="tpu")` against CPU eager. The forward is '
