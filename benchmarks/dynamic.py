@@ -143,7 +143,16 @@ def sizes_for(case, model, kwargs: dict) -> tuple[list[tuple[int, int | None, in
         base = int(kwargs[key].shape[-1])
         # 2x and 3x the suite's size: at its 32 px a stride-32 network's last feature map is
         # 1 x 1, and Dynamo specializes every size-1 dimension (a second graph at 64 px).
-        sizes = [(b, None, r) for b in BATCHES for r in (2 * base, 3 * base)]
+        # A size equal to another input's (UNet: 32 px and cross_attention_dim 32) shares its
+        # symbol (Dynamo's duck sizing) and gets specialized with it: skipped.
+        others = {
+            int(d)
+            for k, v in kwargs.items()
+            if k != key and torch.is_tensor(v)
+            for d in v.shape[1:]
+        }
+        res = [r for r in (2 * base, 3 * base, 4 * base) if r not in others][:2]
+        sizes = [(b, None, r) for b in BATCHES for r in res]
     else:
         sizes = [(b, None, None) for b in BATCHES]
     kept = []
@@ -293,7 +302,10 @@ def markdown(rows: list[Row]) -> str:
         "in a 1 x 1 feature map, and Dynamo specializes size-1 dimensions, so a second",
         "resolution made a second graph (Dynamo's doing, not the backend's); Swin at 32 px",
         "(one 4 x 4 window after patch merging) recompiled at 64 px on a guard over its window",
-        "arithmetic. The sweep uses 2x and 3x the suite's size.",
+        "arithmetic. The UNet at 32 px shares a symbol with its `cross_attention_dim` of 32",
+        "(Dynamo's duck sizing), which a linear layer then specializes: a second graph at",
+        "48 px. The sweep uses 2x and 3x the suite's size, skipping sizes equal to another",
+        "input's.",
         "",
         "| model | sizes | islands (fallback ops) | graphs | exes/size | first call (s) "
         "| rebuilt | match | notes |",
