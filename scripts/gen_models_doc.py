@@ -114,6 +114,34 @@ def generation_row(model_type: str) -> dict:
     }
 
 
+DYNAMIC_RESULTS = ROOT / "benchmarks" / "results" / "dynamic.json"
+
+
+def dynamic_cells(path: Path = DYNAMIC_RESULTS) -> dict[str, str]:
+    """Model name -> the *dynamic* column from the ``benchmarks.dynamic`` sweep's results:
+    ``"0 islands, 1 exe/size, 2.5 s/size"`` (``"n islands"`` counts the fallback ops)."""
+    import json
+    import statistics
+
+    if not path.exists():
+        return {}
+    cells = {}
+    for r in json.loads(path.read_text()):
+        if r.get("error"):
+            cells[r["model"]] = "error"
+            continue
+        exes = sorted(set(r["executables_per_size"]))
+        later = r["first_call_s"][1:] or r["first_call_s"]
+        cell = (
+            f"{len(r['fallback_ops'])} islands, {'/'.join(map(str, exes))} exe/size, "
+            f"{statistics.median(later):.1f} s/size"
+        )
+        if r["dynamo_graphs"] != 1 or r["rebuilt"] or not r["match"]:
+            cell += f" ({r['dynamo_graphs']} graphs, {r['rebuilt']} rebuilt, match {r['match']})"
+        cells[r["model"]] = cell
+    return cells
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
@@ -155,12 +183,16 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         "(Dynamo + AOTAutograd + lowering + XLA), seconds; *compiled* / *eager* = steady-state "
         f"inference forward, best of {TIMING_CALLS}, ms; *speedup* = eager / compiled; *max err* = "
         "largest absolute difference of the compared outputs; *tol* = the test's atol/rtol; "
-        "*(slow)* = the test runs only with `TPU_INDUCTOR_SLOW=1`.",
+        "*(slow)* = the test runs only with `TPU_INDUCTOR_SLOW=1`; *dynamic* = under "
+        "`dynamic=True` (from `benchmarks/results/dynamic.json`, [dynamic.md](dynamic.md)): eager "
+        "islands, executables per new size, median first-call seconds per new size after the "
+        "first, or `-` where the sweep did not run the model.",
         "",
         "| model | library | graphs | breaks | fallback ops | compile s | compiled ms | eager ms "
-        "| speedup | max err | tol | forward | training |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| speedup | max err | tol | forward | training | dynamic |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    dynamic = dynamic_cells()
     for r in rows:
         case: ModelCase = r["case"]
         f = r.get("forward")
@@ -187,7 +219,7 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         lines.append(
             f"| {name} | {case.library} | "
             + " | ".join(cells)
-            + f" | {tol} | {r['forward_status']} | {training} |"
+            + f" | {tol} | {r['forward_status']} | {training} | {dynamic.get(case.name, '-')} |"
         )
     loose = [r["case"] for r in rows if r["case"].reason]
     if loose:
