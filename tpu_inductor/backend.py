@@ -74,7 +74,7 @@ def tpu_backend(
     opts = parse_options(options, mode)
     configure_logging()
     check_inputs(gm, example_inputs)
-    plan = sharding.parse_plan(opts.mesh, opts.shardings)
+    plan = opts.plan
     device = select_device(opts.device) if plan is None else plan.mesh.devices.flat[0]
     if plan is not None:
         sharding.place_graph(plan, gm, example_inputs)
@@ -182,13 +182,8 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
         opts.transfers,
         str(device),
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
-        _plan_key(opts),
+        None if opts.plan is None else opts.plan.key(),
     )
-
-
-def _plan_key(opts: Options):
-    plan = sharding.parse_plan(opts.mesh, opts.shardings)
-    return None if plan is None else plan.key()
 
 
 def _aot_backend(
@@ -264,7 +259,7 @@ def compile_graph(
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     options = compiler_options(platform, kind)
     key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
-    plan = sharding.parse_plan(opts.mesh, opts.shardings)
+    plan = opts.plan
     n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
     saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
     n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -86,6 +87,12 @@ class Options:
     transfers: str = "count"
     mesh: Any = None
     shardings: Any = None
+
+    @functools.cached_property
+    def plan(self) -> sharding.Plan | None:
+        """The sharding plan of ``mesh`` and ``shardings`` (``None`` without a mesh), parsed once
+        per compile instead of by every stage that needs it."""
+        return sharding.parse_plan(self.mesh, self.shardings)
 
 
 # Options that only make sense in code (objects, not strings) have no environment variable.
