@@ -326,6 +326,35 @@ def markdown(rows: list[Row]) -> str:
             f"| {' '.join(f'{t:.1f}' for t in r.first_call_s)} | {r.rebuilt} "
             f"| {'yes' if r.match else 'NO'} | {cell('; '.join(notes))} |"
         )
+    lines += [
+        "",
+        "## What a symbolic scalar becomes",
+        "",
+        "Sizes are concrete while each executable is traced (one per size), so what Dynamo keeps",
+        "symbolic is computed at trace time or in the program, never in eager:",
+        "",
+        "- `sym_size`, `sym_float`, `sym_int`, `sym_max`, `sym_sum`, `math.sqrt(n)` and the",
+        "  other arithmetic on sizes: Python numbers while tracing.",
+        "- A Python float or symbolic float made a 0-d tensor (RMSNorm's eps, attention scaling):",
+        "  `prims.convert_element_type` and arithmetic on 0-d float64, computed in float64 as",
+        "  torch does.",
+        "- `_assert_scalar` (Dynamo's guards on sizes): checked while tracing.",
+        "- `torch._assert_async(cond, msg)`: on sizes, checked while tracing; on values, by a",
+        "  host callback once the program has computed `cond` (1 byte per call, device to",
+        "  host), raising torch's `RuntimeError(msg)` with the source line at the call. NOTE:",
+        "  torch's dead-code pass drops `_assert_async(cond)` without a message from the graph",
+        "  (torch 2.13: only `.msg` is in `torch.fx.node._side_effectful_functions`), for every",
+        "  backend.",
+        "- `.item()` under `capture_scalar_outputs` of a value built from sizes only",
+        "  (`torch.tensor(x.shape[0]).item()`): read while tracing, so it may become a tensor",
+        "  size; `pad_to` is off for such a graph (the item must read the real size, not the",
+        "  bucket). `.item()` of a tensor's values that becomes a size runs in eager, named with",
+        "  its line: XLA needs sizes before the program runs.",
+        "",
+        "Tests: `tests/test_dynamic_models.py` (`test_symbolic_scalar_arithmetic_is_lowered`,",
+        "`test_item_of_a_size_becomes_a_size`,",
+        "`test_assert_async_is_checked_not_reported_missing`).",
+    ]
     return "\n".join(lines) + "\n"
 
 

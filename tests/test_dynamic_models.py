@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from benchmarks import dynamic
+from tests.helpers import assert_same
 from tests.models.test_transformers import MODELS
 
 pytest.importorskip("transformers")
@@ -141,3 +142,64 @@ def test_symbolic_scalar_arithmetic_is_lowered():
             x = torch.randn(2, n)
             for got, want in zip(cf(x, scale), f(x, scale), strict=True):
                 torch.testing.assert_close(got, want)
+
+
+def test_item_of_a_size_becomes_a_size(monkeypatch):
+    """``.item()`` of a value built from sizes only is known once the sizes are: it is read
+    while tracing and may become a tensor size, in one graph, with no eager op, at three sizes
+    (and under ``pad_to``, which it turns off: the item must read the real size)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+
+    def f(x):
+        n = torch.tensor(x.shape[0]).item()
+        m = (torch.arange(x.shape[1]) * 2).max().item() + 1
+        return torch.ones(n, m) * x.sum(), torch.arange(n * 2).float()
+
+    for options in ({"fallback": "error"}, {"fallback": "error", "pad_to": "pow2"}):
+        torch._dynamo.reset()
+        counters.clear()
+        cf = torch.compile(f, backend="tpu", dynamic=True, options=options)
+        for shape in ((3, 2), (5, 4), (9, 3)):
+            x = torch.randn(shape)
+            for got, want in zip(cf(x), f(x), strict=True):
+                assert_same(got, want)
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_assert_async_is_checked_not_reported_missing():
+    """``torch._assert_async`` on a size is checked while tracing; on a value, by the host once
+    the program has computed it, raising torch's ``RuntimeError`` with the message and the
+    user's line. Neither is a missing op (``fallback="error"`` runs). NOTE: torch's own dead-code
+    pass drops ``_assert_async`` without a message from ATen graphs (only ``.msg`` is in
+    ``torch.fx.node._side_effectful_functions``, torch 2.13), so only the message form reaches a
+    backend; its lowering is checked directly."""
+    from tpu_inductor.lowerings import LOWERINGS, LoweringContext
+
+    def f(x):
+        torch._assert_async(torch.tensor(x.shape[0] > 1), "too short")
+        torch._assert_async(x.min() > -10, "too small")
+        torch._assert_async(x.sum() > 0, "sum must be positive")
+        return x * 2
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu", dynamic=True, options={"fallback": "error"})
+    for n in (3, 5):
+        assert_same(cf(torch.ones(n)), f(torch.ones(n)))
+    for x, message in (
+        (-torch.ones(3), "sum must be positive"),
+        (torch.tensor([-20.0, 30.0]), "too small"),
+        (torch.tensor([-20.0, 30.0, 1.0, 2.0]), "too small"),
+    ):
+        with pytest.raises(RuntimeError, match=message) as eager:
+            f(x)
+        with pytest.raises(RuntimeError, match=message) as info:
+            cf(x)
+        assert str(info.value).startswith(str(eager.value)), (str(info.value), str(eager.value))
+        assert "test_dynamic_models.py" in str(info.value), str(info.value)
+    lowering = LOWERINGS[torch.ops.aten._assert_async.default]
+    ctx = LoweringContext(None, None, ())
+    assert lowering(ctx, (torch.tensor(True).numpy(),), {}) is None
+    with pytest.raises(RuntimeError, match="Expected Tensor with single nonzero value"):
+        lowering(ctx, (torch.tensor(0.0).numpy(),), {})

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_inductor.dtypes import tolerance
+from tpu_inductor.errors import raise_failed_assert
 from tpu_inductor.runtime import _python_scalar, draw_seed
 from tpu_inductor.shapes import bind, concrete, concrete_shape
 
@@ -94,10 +95,11 @@ def warn_padding_changed_results(name: str, signature) -> None:
 
 
 def can_pad(compiled) -> bool:
-    """Whether shape buckets apply to a compiled graph: dynamic, with no saved activations and
-    no inputs updated in place (their shapes must stay the real ones)."""
+    """Whether shape buckets apply to a compiled graph: dynamic, with no saved activations, no
+    inputs updated in place (their shapes must stay the real ones) and no scalar read from the
+    sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the bucket)."""
     low = compiled.lowered
-    return low.dynamic and not compiled._saved and not low.mutations
+    return low.dynamic and not compiled._saved and not low.mutations and not low.host_sizes
 
 
 class PaddedGraph:
@@ -139,8 +141,13 @@ class PaddedGraph:
             arrays = [v for i, v in enumerate(values) if i in tensor_inputs]
             statics = [v for i, v in enumerate(values) if i not in tensor_inputs]
             signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
-            with jax.default_device(c.device):
-                outs = list(exes.get(signature, seed, arrays, statics)(seed, *arrays))
+            exe = exes.get(signature, seed, arrays, statics)
+            try:
+                with jax.default_device(c.device):
+                    outs = list(exe(seed, *arrays))
+            except jax.errors.JaxRuntimeError as e:
+                raise_failed_assert(e)
+                raise
             for j, (kind, k) in enumerate(low.output_plan):
                 if kind not in ("input", "dup", "detach"):
                     outs[k] = slice_output(outs[k], low.output_metas[j], real)

@@ -51,6 +51,7 @@ from tpu_inductor.dtypes import to_jax_dtype
 from tpu_inductor.errors import LoweringOutputError, RegistrationError
 from tpu_inductor.lowerings.registry import LOWERINGS, Lowering, LoweringContext
 from tpu_inductor.shapes import concrete_shape
+from tpu_inductor.sources import user_frame
 
 DIFFERENTIABLE = ("torch", "jax_vjp")
 # Namespaces of torch's own ops: their autograd formulas are torch's and stay so.
@@ -581,8 +582,6 @@ def check_outputs(reg: Registration, ctx: LoweringContext, out, *, what: str = "
                     f"{jnp.dtype(want_dtype).name}{list(want_shape)}"
                 )
     if problems:
-        from tpu_inductor.lower import user_frame
-
         name = _fn_name(reg.fn)
         raise LoweringOutputError(
             f"the registered {what} of {reg.op} ({name}, from tpu_inductor.register_lowering) "

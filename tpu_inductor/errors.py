@@ -99,3 +99,16 @@ class LoweringOutputError(LoweringError):
 class ShardingError(CompileError, ValueError):
     """A sharding plan that does not fit the model (``options["shardings"]``): every tensor a
     rule cannot shard and every pattern that matches nothing, with the fix."""
+
+
+# A failed torch._assert_async on a value: the host callback that checks it raises this prefix
+# (JAX wraps it in a JaxRuntimeError, with its traceback); the runtime raises the rest alone.
+ASSERT_FAILED = "torch._assert_async failed: "
+
+
+def raise_failed_assert(error: Exception) -> None:
+    """Re-raise a JAX runtime error from a failed ``torch._assert_async`` as torch's own
+    ``RuntimeError(msg)`` (with the user's source line); return for any other error."""
+    text = str(error)
+    if ASSERT_FAILED in text:
+        raise RuntimeError(text[text.rindex(ASSERT_FAILED) + len(ASSERT_FAILED) :]) from None

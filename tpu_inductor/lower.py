@@ -32,7 +32,8 @@ from tpu_inductor.errors import (
 )
 from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 from tpu_inductor.lowerings.unsupported import UNSUPPORTED, refusal
-from tpu_inductor.shapes import bind, concrete_shape, graph_is_dynamic
+from tpu_inductor.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
+from tpu_inductor.sources import user_frame
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
 PYTHON_OPS: dict[Any, Callable] = {
@@ -96,62 +97,6 @@ PRECISIONS = {
 }
 
 
-def user_frame(node: fx.Node) -> str:
-    """The user's source line for a node: the last frame of its stack trace or, for a node
-    AOTAutograd made without one (a decomposition's cast, a symbolic float's arithmetic), of
-    the nearest node that consumes it (then that it consumes) that has one. With none at all,
-    what the node computes from: ``"from a symbolic size (... )"`` for arithmetic on the
-    graph's symbolic sizes, else a note that torch's tracing made it."""
-    trace = _nearest_trace(node)
-    if not trace:
-        return _untraced(node)
-    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("File "):
-            code = (
-                lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
-            )
-            return f"{lines[i]}: {code}" if code else lines[i]
-    return lines[-1]
-
-
-def _untraced(node) -> str:
-    """Where a node with no stack trace near it comes from, in words."""
-    symbols = set()
-    if isinstance(node, fx.Node):
-        for n in (node, *node.all_input_nodes):
-            val = n.meta.get("val")
-            vals = val.shape if isinstance(val, torch.Tensor) else [val]
-            for v in vals:
-                if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
-                    if v.node.maybe_as_int() is None if isinstance(v, torch.SymInt) else True:
-                        symbols.update(str(x) for x in getattr(v.node.expr, "free_symbols", ()))
-    if symbols:
-        return f"from a symbolic size ({', '.join(sorted(symbols))}; no source line in the graph)"
-    name = getattr(node, "name", node)
-    return f"{name}, made by torch's tracing (no source line in the graph)"
-
-
-def _nearest_trace(node) -> str | None:
-    trace = node.meta.get("stack_trace")
-    if trace or not isinstance(node, fx.Node):
-        return trace
-    for step in (lambda n: n.users, lambda n: n.all_input_nodes):
-        seen, frontier = {node}, [node]
-        while frontier:
-            nxt = []
-            for n in frontier:
-                for m in step(n):
-                    if m in seen or m.op == "output":
-                        continue
-                    if m.meta.get("stack_trace"):
-                        return m.meta["stack_trace"]
-                    seen.add(m)
-                    nxt.append(m)
-            frontier = nxt
-    return None
-
-
 def describe_value(v) -> str:
     """A compact description of an argument: ``f32[2, 3]`` for tensors, repr otherwise."""
     if isinstance(v, fx.Node):
@@ -199,6 +144,8 @@ class LoweredGraph:
             counter, so an in-place change of it before backward raises as in eager).
         mutations: inputs the graph updates in place (AOTAutograd's in-graph ``copy_``), whose
             new values ``fn`` returns after the declared outputs.
+        host_sizes: whether a scalar built from sizes only (``torch.tensor(x.shape[0]).item()``)
+            is evaluated while tracing, binding the unbacked symbol it defines.
     """
 
     fn: Callable
@@ -212,6 +159,7 @@ class LoweredGraph:
     ops: dict[str, int] = dataclasses.field(default_factory=dict)
     output_plan: tuple = ()
     mutations: tuple = ()
+    host_sizes: bool = False
 
     @property
     def plain_outputs(self) -> bool:
@@ -370,6 +318,12 @@ def lower_graph(
     dynamic = graph_is_dynamic(input_metas)
     output_plan, computed = _output_plan(output_node.args[0], placeholders)
     mutations, extra = _mutations(nodes, placeholders, len(computed))
+    # Scalars read from values known once the sizes are: their inputs run while tracing
+    # (jax.ensure_compile_time_eval), so the read is a Python number that may become a size.
+    host_eval: set = set()
+    for n in nodes:
+        if n.op == "call_function" and n.target is _LOCAL_SCALAR:
+            host_eval |= size_only_inputs(n) or set()
     contexts = {
         n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args), platform=platform)
         for n in nodes
@@ -388,7 +342,7 @@ def lower_graph(
         for node, value in zip(placeholders, inputs, strict=True):
             env[node] = value
             input_ids.add(id(value))
-        bindings = bind(input_metas, inputs) if dynamic else None
+        bindings = bind(input_metas, inputs) if dynamic or host_eval else None
         for ctx in contexts.values():
             ctx.bindings = bindings
         base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
@@ -415,7 +369,10 @@ def lower_graph(
             if has_rng:
                 ctx.make_key = lambda: jax.random.fold_in(base_key, next(counter))
             try:
-                if node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
+                if node in host_eval:
+                    with jax.ensure_compile_time_eval():
+                        value = LOWERINGS[node.target](ctx, args, kwargs)
+                elif node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
                     value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
                 else:
                     value = LOWERINGS[node.target](ctx, args, kwargs)
@@ -459,9 +416,11 @@ def lower_graph(
         dict(ops),
         output_plan,
         mutations,
+        bool(host_eval),
     )
 
 
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _ALIASES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 

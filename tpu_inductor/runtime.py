@@ -32,6 +32,7 @@ from tpu_inductor.boundary import (
 from tpu_inductor.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.devices import compile_lowered
 from tpu_inductor.dtypes import to_jax_dtype
+from tpu_inductor.errors import raise_failed_assert
 from tpu_inductor.residency import (
     VALUES,
     device_zeros,
@@ -385,11 +386,15 @@ class CompiledGraph:
                 exe = self.exes.get(signature, seed, arrays, statics)
                 if self._one_signature:
                     self._static_exe = exe
-            if self._needs_default_device:
-                with jax.default_device(self.device):
+            try:
+                if self._needs_default_device:
+                    with jax.default_device(self.device):
+                        outs = exe(seed, *arrays)
+                else:
                     outs = exe(seed, *arrays)
-            else:
-                outs = exe(seed, *arrays)
+            except jax.errors.JaxRuntimeError as e:
+                raise_failed_assert(e)
+                raise
             del arrays
             if lazy:
                 result = self._assemble(outs, inputs, lazy=True)

@@ -72,3 +72,31 @@ def concrete(v, bindings: dict | None):
 def concrete_shape(shape, bindings: dict | None) -> tuple[int, ...]:
     """A torch.Size of ints and SymInts as a tuple of ints."""
     return tuple(d if isinstance(d, int) else concrete(d, bindings) for d in shape)
+
+
+def size_only_inputs(node) -> set | None:
+    """The nodes that compute ``node``'s inputs, when none reads a tensor's values.
+
+    A value built only from sizes and constants (``torch.tensor(x.shape[0]).item()``) is known
+    once the sizes are: the lowering evaluates these nodes while tracing, so a scalar read from
+    them is a Python number and may become a size. ``None`` when any of them reads a tensor
+    input, draws random numbers or is a graph input other than a size.
+    """
+    seen: set = set()
+    todo = list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            if isinstance(n.meta.get("val"), torch.Tensor):
+                return None
+            continue
+        target = getattr(n, "target", None)
+        if isinstance(target, torch._ops.OpOverload) and (
+            torch.Tag.nondeterministic_seeded in target.tags
+        ):
+            return None
+        todo.extend(n.all_input_nodes)
+    return {n for n in seen if n.op != "placeholder"}

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from tpu_inductor.shapes import size_only_inputs
+
 aten = torch.ops.aten
 
 _DYNAMIC_SHAPE = (
@@ -94,9 +96,12 @@ def _bool_mask_write(node) -> str | None:
 
 def _scalar_read_as_size(node) -> str | None:
     # aten::_local_scalar_dense(Tensor self) -> Scalar: lowered unless the value (through any
-    # Python arithmetic on it) reaches an op whose output shape is data-dependent.
+    # Python arithmetic on it) reaches an op whose output shape is data-dependent and it reads
+    # a tensor's values (a value built from sizes only is a Python number while tracing).
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+    if size_only_inputs(node) is not None:  # known once the sizes are: evaluated while tracing
+        return None
     users = list(getattr(node, "users", ()))  # none for a with_effects view
     seen = set(users)
     while users:

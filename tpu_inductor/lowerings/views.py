@@ -6,14 +6,19 @@ guarantees no one writes through these views.
 
 from __future__ import annotations
 
+import functools
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import sympy
 import torch
 from jax import lax
 
+from tpu_inductor.errors import ASSERT_FAILED
 from tpu_inductor.lowerings.registry import register_lowering
+from tpu_inductor.sources import user_frame
 
 aten = torch.ops.aten
 
@@ -331,8 +336,18 @@ def sym_storage_offset(ctx, self):
 def local_scalar_dense(ctx, self):
     # The value stays a 0-d array in the program; ops taking it as a Scalar promote it as the
     # number torch sees (arg_metas holds the SymInt/SymFloat). unsupported.REFUSED sends a read
-    # whose value becomes a size to eager: XLA needs sizes before the program runs.
-    return jnp.reshape(self, ())
+    # whose value becomes a size to eager: XLA needs sizes before the program runs, unless the
+    # value is built from sizes only: then lower.py evaluated it while tracing, and the number
+    # binds the unbacked symbol (u0) it defines, so later sizes in u0 are concrete.
+    if isinstance(self, jax.core.Tracer):
+        return jnp.reshape(self, ())
+    value = np.asarray(self).reshape(()).item()
+    sym = ctx.out
+    if isinstance(sym, torch.SymInt | torch.SymFloat | torch.SymBool) and ctx.bindings is not None:
+        expr = sym.node.expr
+        if isinstance(expr, sympy.Symbol):
+            ctx.bindings[expr] = value
+    return value
 
 
 # aten::_assert_scalar(Scalar self, str assert_msg) -> ()
@@ -343,6 +358,33 @@ def assert_scalar(ctx, self, assert_msg):
     # an XLA program cannot raise.
     if isinstance(self, bool | int | float | np.bool_) and not self:
         raise RuntimeError(assert_msg)
+    return None
+
+
+ASSERT_ASYNC_DEFAULT = "Expected Tensor with single nonzero value, but got zero"  # torch's
+
+
+def _fail_unless(cond, message: str) -> None:
+    # The host half of a value check: runs once the program has computed ``cond``.
+    if not np.asarray(cond).reshape(()).item():
+        raise RuntimeError(ASSERT_FAILED + message)
+
+
+# aten::_assert_async(Tensor self) -> ()
+# aten::_assert_async.msg(Tensor self, str assert_msg) -> ()
+@register_lowering(aten._assert_async.default, aten._assert_async.msg)
+def assert_async(ctx, self, assert_msg=ASSERT_ASYNC_DEFAULT):
+    # torch._assert_async(cond): a condition on sizes is concrete here and checked while
+    # tracing; one on values is checked on the host by a callback once the program has computed
+    # it (one byte per call), raising at the call as torch's CPU kernel does (CUDA's raises later).
+    if self.size != 1:
+        raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+    if not isinstance(self, jax.core.Tracer):
+        if not np.asarray(self).reshape(()).item():
+            raise RuntimeError(f"{assert_msg}\n  at {user_frame(ctx.node)}")
+        return None
+    message = f"{assert_msg}\n  at {user_frame(ctx.node)}"
+    jax.debug.callback(functools.partial(_fail_unless, message=message), self.reshape(()) != 0)
     return None
 
 
