@@ -19,6 +19,9 @@ from tpu_inductor.lowerings.registry import accumulate_in, register_lowering, up
 aten = torch.ops.aten
 
 
+# --- 1. softmax and log-softmax -------------------------------------------------------------------
+
+
 # aten::_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 @register_lowering(aten._softmax.default)
 def softmax(ctx, self, dim, half_to_float=False):
@@ -48,6 +51,9 @@ def softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
 def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     g, y = upcast(grad_output), upcast(output)
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
+
+
+# --- 2. layer norm --------------------------------------------------------------------------------
 
 
 def layer_norm(x, normalized_shape, weight, bias, eps):
@@ -94,6 +100,9 @@ def native_layer_norm_backward(
     gb = jnp.sum(g, axis=lead).astype(bias.dtype) if bias is not None else None
     out = (gx.astype(input.dtype), gw, gb)
     return tuple(v if m else None for v, m in zip(out, output_mask, strict=True))
+
+
+# --- 3. batch norm --------------------------------------------------------------------------------
 
 
 def _bn_axes(x):
@@ -206,6 +215,9 @@ def native_batch_norm_backward(
     return tuple(v if m else None for v, m in zip((gx, gw, gb), output_mask, strict=True))
 
 
+# --- 4. group norm --------------------------------------------------------------------------------
+
+
 # aten::native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C,
 #   SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
 @register_lowering(aten.native_group_norm.default)
@@ -221,6 +233,9 @@ def native_group_norm(ctx, input, weight, bias, N, C, HxW, group, eps):
     if bias is not None:
         out = out + upcast(bias).reshape(s)
     return out.astype(input.dtype), mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
+
+
+# --- 5. dropout -----------------------------------------------------------------------------------
 
 
 # aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
@@ -241,6 +256,9 @@ def native_dropout_backward(ctx, grad_output, mask, scale):
     # Integer and bool gradients promote with the float scale (to the default float dtype).
     dtype = ctx.out_dtype()
     return (grad_output.astype(dtype) * mask.astype(dtype) * scale).astype(dtype)
+
+
+# --- 6. embedding and embedding bags --------------------------------------------------------------
 
 
 # aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, ...) -> Tensor
@@ -422,6 +440,9 @@ def embedding_bag_per_sample_weights_backward(
     return jnp.where(keep, dot, 0).astype(ctx.out_dtype())
 
 
+# --- 7. bilinear (nn.Bilinear's _trilinear) -------------------------------------------------------
+
+
 # aten::_trilinear(Tensor i1, Tensor i2, Tensor i3, int[] expand1, int[] expand2, int[] expand3,
 #                  int[] sumdim, int unroll_dim=1) -> Tensor
 @register_lowering(aten._trilinear.default)
@@ -448,6 +469,9 @@ def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     buf = buf.astype(dtype)
     out = jnp.einsum(f"{spec(dims12)},{spec(dims3)}->{spec(dims_out)}", buf, i3, **kw)
     return out.astype(dtype).reshape(ctx.out_shape())
+
+
+# --- 8. fused linear + cross-entropy (torch_nn's chunked kernels) ---------------------------------
 
 
 def _linear_ce_losses(input, linear_weight, target, linear_bias, weight, ignore_index, precision):
@@ -548,6 +572,9 @@ def _register_linear_cross_entropy():
 _register_linear_cross_entropy()
 
 
+# --- 9. scaled dot-product attention --------------------------------------------------------------
+
+
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None):
     """Scaled dot-product attention (math form) returning output and float32 logsumexp.
 
@@ -608,6 +635,9 @@ def sdpa_flash_cpu_backward(
     f = lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale, ctx.precision)[0]
     _, vjp = jax.vjp(f, query, key, value)
     return vjp(grad_out.astype(query.dtype))
+
+
+# --- 10. nn.TransformerEncoderLayer's fast path ---------------------------------------------------
 
 
 # aten::_transformer_encoder_layer_fwd(...): nn.TransformerEncoderLayer's inference fast path.
