@@ -36,3 +36,26 @@ def test_sdpa_forward_and_backward(kv_heads, causal, mask):
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
     assert_same(grads, ref_grads)
+
+
+def test_fused_cpu_attention_with_dropout_is_refused_up_front():
+    """torch's fused CPU attention kernel rejects ``dropout_p > 0`` (its fake function does not):
+    it is refused before tracing (unsupported.REFUSED), so ``fallback="error"`` names it with
+    the reason and the fix, and the default runs it in eager, which raises torch's own error."""
+    import tpu_inductor
+
+    q = torch.randn(1, 2, 4, 8)
+    fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+    def fn(q):
+        return fused(q, q, q, 0.5)[0] * 2
+
+    compiled = torch.compile(fn, backend="tpu", options={"fallback": "error"})
+    with pytest.raises(tpu_inductor.UnsupportedOpError, match=r"(?s)dropout_p > 0.*rejects too"):
+        compiled(q)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="do not support dropout > 0") as eager:
+        fn(q)
+    with pytest.warns(tpu_inductor.FallbackWarning), pytest.raises(RuntimeError) as info:
+        torch.compile(fn, backend="tpu")(q)
+    assert str(eager.value) in str(info.value)

@@ -160,6 +160,20 @@ def _grouped_mm_bias(node) -> str | None:
     return "a bias is not supported (torch's own kernels reject it too). What to do: add it after"
 
 
+def _attention_dropout(node) -> str | None:
+    # aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value,
+    #   float dropout_p=0., ...) and its backward (dropout_p is argument 6 there)
+    i = 6 if "backward" in str(node.target) else 3
+    if not _arg(node, i, "dropout_p", 0.0):
+        return None
+    return (
+        "dropout_p > 0, which torch's own CPU kernel rejects too (\"Currently do not support "
+        'dropout > 0"). What to do: F.scaled_dot_product_attention picks a kernel that takes '
+        'dropout; or use the model\'s eager attention (attn_implementation="eager" in '
+        "transformers), or dropout_p=0.0"
+    )
+
+
 REFUSED: dict[torch._ops.OpOverload, Callable[[Any], str | None]] = {
     aten.linalg_lu_factor_ex.default: _lu_without_pivoting,
     aten.linalg_lu.default: _lu_without_pivoting,
@@ -173,6 +187,8 @@ REFUSED: dict[torch._ops.OpOverload, Callable[[Any], str | None]] = {
     aten.index_put.hacked_twin: _bool_mask_write,
     aten._unsafe_index_put.default: _bool_mask_write,
     aten._local_scalar_dense.default: _scalar_read_as_size,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_dropout,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention_dropout,
 }
 
 
