@@ -178,18 +178,29 @@ def test_assert_async_is_checked_not_reported_missing():
     from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 
     def f(x):
-        torch._assert_async(torch.tensor(x.shape[0] > 1), "too short")
+        torch._assert_async(torch.tensor(x.shape[0] > 2), "too short")
         torch._assert_async(x.min() > -10, "too small")
         torch._assert_async(x.sum() > 0, "sum must be positive")
         return x * 2
 
     torch._dynamo.reset()
     cf = torch.compile(f, backend="tpu", dynamic=True, options={"fallback": "error"})
+    from tpu_inductor.transfers import D2H, TOTAL
+
     for n in (3, 5):
         assert_same(cf(torch.ones(n)), f(torch.ones(n)))
+    before = TOTAL.copy()
+    cf(torch.ones(5))
+    checked = TOTAL.copy() - before
+    assert checked.count(D2H, "check") == 2 and checked.bytes(D2H, "check") == 2  # 1 byte each
+    with pytest.raises(RuntimeError, match="too short") as eager:
+        f(torch.ones(2))
+    with pytest.raises(RuntimeError) as info:  # a size assertion fails while tracing
+        cf(torch.ones(2))
+    assert str(info.value).startswith(str(eager.value)), str(info.value)
     for x, message in (
         (-torch.ones(3), "sum must be positive"),
-        (torch.tensor([-20.0, 30.0]), "too small"),
+        (torch.tensor([-20.0, 30.0, 1.0]), "too small"),
         (torch.tensor([-20.0, 30.0, 1.0, 2.0]), "too small"),
     ):
         with pytest.raises(RuntimeError, match=message) as eager:
@@ -198,7 +209,7 @@ def test_assert_async_is_checked_not_reported_missing():
             cf(x)
         assert str(info.value).startswith(str(eager.value)), (str(info.value), str(eager.value))
         assert "test_dynamic_models.py" in str(info.value), str(info.value)
-    lowering = LOWERINGS[torch.ops.aten._assert_async.default]
+    lowering = LOWERINGS[torch.ops.aten._assert_async.default]  # concrete: checked now
     ctx = LoweringContext(None, None, ())
     assert lowering(ctx, (torch.tensor(True).numpy(),), {}) is None
     with pytest.raises(RuntimeError, match="Expected Tensor with single nonzero value"):

@@ -29,6 +29,7 @@ from tpu_inductor.errors import (
     ShapeMismatchError,
     UnsupportedDtypeError,
     UnsupportedOpError,
+    raise_failed_assert,
 )
 from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 from tpu_inductor.lowerings.unsupported import UNSUPPORTED, refusal
@@ -318,12 +319,16 @@ def lower_graph(
     dynamic = graph_is_dynamic(input_metas)
     output_plan, computed = _output_plan(output_node.args[0], placeholders)
     mutations, extra = _mutations(nodes, placeholders, len(computed))
-    # Scalars read from values known once the sizes are: their inputs run while tracing
-    # (jax.ensure_compile_time_eval), so the read is a Python number that may become a size.
+    # Scalars read from values known once the sizes are, and assertions on them: their inputs
+    # run while tracing (jax.ensure_compile_time_eval), so the read is a Python number that may
+    # become a size, and the assertion is checked once per size instead of at every call.
     host_eval: set = set()
+    host_sizes = False  # an item read from sizes (pad_to must not apply: see buckets.can_pad)
     for n in nodes:
-        if n.op == "call_function" and n.target is _LOCAL_SCALAR:
-            host_eval |= size_only_inputs(n) or set()
+        if n.op == "call_function" and n.target in _READ_WHILE_TRACING:
+            inputs = size_only_inputs(n)
+            host_eval |= inputs or set()
+            host_sizes |= inputs is not None and n.target is _READ_WHILE_TRACING[0]
     contexts = {
         n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args), platform=platform)
         for n in nodes
@@ -384,6 +389,7 @@ def lower_graph(
             ):
                 raise
             except Exception as e:
+                raise_failed_assert(e)  # a torch._assert_async on sizes: torch's RuntimeError
                 raise LoweringError(
                     f"lowering {describe_node(node)} failed: {type(e).__name__}: {e}\n"
                     f"  at {user_frame(node)}"
@@ -416,11 +422,15 @@ def lower_graph(
         dict(ops),
         output_plan,
         mutations,
-        bool(host_eval),
+        host_sizes,
     )
 
 
-_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_READ_WHILE_TRACING = (
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten._assert_async.default,
+    torch.ops.aten._assert_async.msg,
+)
 _ALIASES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 

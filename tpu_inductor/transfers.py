@@ -16,6 +16,8 @@ device -> host
                    region needs it (saved activations under ``saved_tensors_hooks``)
   ``sync``         the host copy of device-owned state (``keep_on_device``) refreshed because
                    eager code read it: counted in the total only, not per graph
+  ``check``        the condition of a ``torch._assert_async`` on values, read by the host
+                   callback that checks it (1 byte per assertion per call; total only)
 
 In steady state (a graph's second call onwards) a ``resident`` re-import or a ``materialize``
 is unexpected: ``options={"transfers": "log"}`` logs each one, ``"error"`` raises
@@ -35,7 +37,7 @@ H2D = "host_to_device"
 D2H = "device_to_host"
 REASONS = {
     H2D: ("input", "resident"),
-    D2H: ("output", "write-back", "materialize", "sync"),
+    D2H: ("output", "write-back", "materialize", "sync", "check"),
 }
 UNEXPECTED = frozenset({"resident", "materialize"})
 

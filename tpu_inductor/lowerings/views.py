@@ -19,6 +19,7 @@ from jax import lax
 from tpu_inductor.errors import ASSERT_FAILED
 from tpu_inductor.lowerings.registry import register_lowering
 from tpu_inductor.sources import user_frame
+from tpu_inductor.transfers import D2H, TOTAL
 
 aten = torch.ops.aten
 
@@ -364,8 +365,11 @@ def assert_scalar(ctx, self, assert_msg):
 ASSERT_ASYNC_DEFAULT = "Expected Tensor with single nonzero value, but got zero"  # torch's
 
 
-def _fail_unless(cond, message: str) -> None:
-    # The host half of a value check: runs once the program has computed ``cond``.
+def _fail_unless(cond, message: str, count: bool = True) -> None:
+    # The host half of a value check: runs once the program has computed ``cond`` (or while
+    # tracing, for a condition on sizes: no crossing to count).
+    if count:
+        TOTAL.add(D2H, "check", 1)
     if not np.asarray(cond).reshape(()).item():
         raise RuntimeError(ASSERT_FAILED + message)
 
@@ -380,8 +384,7 @@ def assert_async(ctx, self, assert_msg=ASSERT_ASYNC_DEFAULT):
     if self.size != 1:
         raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
     if not isinstance(self, jax.core.Tracer):
-        if not np.asarray(self).reshape(()).item():
-            raise RuntimeError(f"{assert_msg}\n  at {user_frame(ctx.node)}")
+        _fail_unless(self, f"{assert_msg}\n  at {user_frame(ctx.node)}", count=False)
         return None
     message = f"{assert_msg}\n  at {user_frame(ctx.node)}"
     jax.debug.callback(functools.partial(_fail_unless, message=message), self.reshape(()) != 0)
