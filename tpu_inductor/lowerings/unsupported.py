@@ -163,8 +163,8 @@ def _grouped_mm_bias(node) -> str | None:
 def _attention_dropout(node) -> str | None:
     # aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value,
     #   float dropout_p=0., ...) and its backward (dropout_p is argument 6 there)
-    i = 6 if "backward" in str(node.target) else 3
-    if not _arg(node, i, "dropout_p", 0.0):
+    names = [a.name for a in node.target._schema.arguments]
+    if not _arg(node, names.index("dropout_p"), "dropout_p", 0.0):
         return None
     return (
         "dropout_p > 0, which torch's own CPU kernel rejects too (\"Currently do not support "

@@ -383,10 +383,10 @@ def assert_async(ctx, self, assert_msg=ASSERT_ASYNC_DEFAULT):
     # it (one byte per call), raising at the call as torch's CPU kernel does (CUDA's raises later).
     if self.size != 1:
         raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
-    if not isinstance(self, jax.core.Tracer):
-        _fail_unless(self, f"{assert_msg}\n  at {user_frame(ctx.node)}", count=False)
-        return None
     message = f"{assert_msg}\n  at {user_frame(ctx.node)}"
+    if not isinstance(self, jax.core.Tracer):
+        _fail_unless(self, message, count=False)
+        return None
     jax.debug.callback(functools.partial(_fail_unless, message=message), self.reshape(()) != 0)
     return None
 
