@@ -29,11 +29,14 @@ from tpu_inductor.errors import (
     RegistrationError,
     ShapeMismatchError,
     ShardingError,
+    TargetCompileError,
     TpuInductorError,
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
 from tpu_inductor.report import report
+from tpu_inductor.targets import Target, tpu_target
+from tpu_inductor.tpu_report import tpu_report
 from tpu_inductor.warmup import warmup
 
 reset = cache.clear
@@ -49,6 +52,8 @@ __all__ = [
     "RegistrationError",
     "ShapeMismatchError",
     "ShardingError",
+    "Target",
+    "TargetCompileError",
     "TpuInductorError",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
@@ -62,6 +67,8 @@ __all__ = [
     "testing",
     "tpu_backend",
     "tpu_inductor_backend",
+    "tpu_report",
+    "tpu_target",
     "unregister_lowering",
     "warmup",
 ]

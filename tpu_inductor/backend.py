@@ -20,7 +20,8 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import buckets, cache, capture, custom_ops, export_cache, sharding
+from tpu_inductor import buckets, cache, capture, custom_ops, export_cache, programs, sharding
+from tpu_inductor.compile_only import TargetGraph
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.devices import compiler_options, platform_of, select_device
@@ -36,6 +37,7 @@ from tpu_inductor.lower import (
 )
 from tpu_inductor.partition import split_for_fallback
 from tpu_inductor.runtime import CompiledGraph, Executables
+from tpu_inductor.targets import tpu_target
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.backend"
 
@@ -73,14 +75,23 @@ def tpu_backend(
     """
     opts = parse_options(options, mode)
     configure_logging()
-    check_inputs(gm, example_inputs)
+    # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held
+    # here, as the fake mode keeps them only weakly, until AOTAutograd has traced)
+    cpu_fakes = (
+        trace_meta_as_cpu(gm, example_inputs) if opts.target else check_inputs(gm, example_inputs)
+    )
     plan = opts.plan
-    device = select_device(opts.device) if plan is None else plan.mesh.devices.flat[0]
     if plan is not None:
+        device = plan.mesh.devices.flat[0]
         sharding.place_graph(plan, gm, example_inputs)
+    elif opts.target is not None:
+        device = tpu_target(opts.target).devices[0]
+    else:
+        device = select_device(opts.device)
     export_key = None
     if opts.cache_dir:
         cache.enable_persistent_cache(opts.cache_dir)
+    if opts.cache_dir and opts.target is None:
         export_key = export_cache.key_for(gm, example_inputs, _config_key(opts, device))
         if export_key is not None:
             warm = export_cache.load(opts.cache_dir, export_key, device)
@@ -90,6 +101,7 @@ def tpu_backend(
     aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct)(
         gm, example_inputs
     )
+    del cpu_fakes
     if direct:
         # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
         # executable's runtime directly (~8 us less per call at 1x64 on a 2-core CPU host,
@@ -120,6 +132,73 @@ def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             "tensor). To compute only output shapes, call the model without torch.compile: "
             "eager torch runs meta tensors."
         )
+
+
+def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list:
+    """Let AOTAutograd trace the ``meta`` tensors of a compile-only graph as the CPU tensors
+    they stand for.
+
+    Ops pick their kernel or decomposition by device (SDPA: the CPU flash kernel on ``cpu``, its
+    math form on ``meta``), so a model built on ``meta`` would otherwise compile to another
+    program than the same model with real weights. Each such input's fake (what AOTAutograd
+    finds for it in Dynamo's fake mode) is replaced by one of the same shape, strides and dtype
+    on the CPU, whose dispatch keys are the CPU's, and every ``device="meta"`` argument Dynamo
+    wrote into the graph (``torch.arange(n, device=x.device)``) says ``cpu``. Nothing is read
+    or allocated. Inputs with symbolic sizes keep their fakes (dynamic shapes on meta trace as
+    meta).
+
+    Returns:
+        The new fakes: the fake mode's memo holds them weakly, so the caller keeps them alive
+        until AOTAutograd has traced.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ctx = torch._guards.TracingContext.try_get()
+    fake_mode = getattr(ctx, "fake_mode", None)
+    made: list = []
+    if fake_mode is None:
+        return made
+    converter = fake_mode.fake_tensor_converter
+    cpu = torch.device("cpu")
+
+    def stand_in(t: torch.Tensor):
+        old = converter._get_memo(t)
+        if old is not None and old.device == cpu:
+            return old
+        if old is not None and any(
+            not isinstance(d, int) for d in (*old.shape, *old.stride())
+        ):  # symbolic sizes: keep Dynamo's fake
+            return None
+        elem = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+        new = FakeTensor(fake_mode, elem, cpu)
+        if t.requires_grad:
+            new.requires_grad_(True)
+        grad = t.grad if t.is_leaf else None
+        if grad is not None and grad.device.type == "meta":
+            fake_grad = stand_in(grad)
+            if fake_grad is not None:
+                new.grad = fake_grad
+        converter.set_tensor_memo(t, new)
+        made.append(new)
+        return new
+
+    # the inputs, and the tensors Dynamo lifted into the graph (a compiled optimizer step's
+    # parameters, whose .grad are inputs)
+    lifted = [v for v in vars(gm).values() if isinstance(v, torch.Tensor)]
+    for t in (*example_inputs, *gm.parameters(), *gm.buffers(), *lifted):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            stand_in(t)
+    if made:
+        meta = torch.device("meta")
+
+        def to_cpu(a):
+            return cpu if isinstance(a, torch.device) and a == meta else a
+
+        for node in gm.graph.nodes:
+            node.args = fx.node.map_aggregate(node.args, to_cpu)
+            node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
+        gm.recompile()
+    return made
 
 
 def _input_name(placeholders: list[fx.Node], i: int) -> str:
@@ -183,6 +262,7 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
         str(device),
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
         None if opts.plan is None else opts.plan.key(),
+        opts.target,  # compile-only devices of different topologies print alike
     )
 
 
@@ -288,6 +368,12 @@ def compile_graph(
         )
 
     exes = cache.get_or_create(key, create)
+    if opts.target is not None:
+        role = programs.role_of(gm, kind)
+        compiled = TargetGraph(exes, tpu_target(opts.target), kind, role, plan)
+        cache.COMPILED.add(compiled)
+        log.info("%s: %s graph for %s (compile only)", exes.name, kind, opts.target)
+        return compiled
     compiled = CompiledGraph(
         exes,
         device,

@@ -104,7 +104,7 @@ def clear() -> None:
     The persistent cache on disk is left alone. Exposed as ``tpu_inductor.reset()``; call
     ``torch._dynamo.reset()`` too so Dynamo drops the compiled frames that use them.
     """
-    from tpu_inductor import residency, sharding, transfers
+    from tpu_inductor import programs, residency, sharding, transfers
 
     with _lock:
         _entries.clear()
@@ -114,6 +114,7 @@ def clear() -> None:
         transfers.TOTAL.reset()
         residency.VALUES.clear()
         sharding.clear()
+        programs.clear()
 
 
 def enable_persistent_cache(path: str) -> None:

@@ -74,6 +74,11 @@ class Options:
         mesh: a ``jax.sharding.Mesh`` to run SPMD over (see sharding.py), or ``None``.
         shardings: with ``mesh``: ``"dp"`` (the default), ``"fsdp"``, ``"tp"`` or a dict of
             parameter-name patterns to ``PartitionSpec`` (plus ``"inputs"`` for the batch).
+        target: a TPU topology (``"v5e:2x2"``, ``"v6e-8"``, ``"v5p"``; see
+            :func:`tpu_inductor.tpu_target`) to compile every graph for, on any machine (libtpu
+            needed, no TPU): nothing runs, graphs return placeholders, and
+            :func:`tpu_inductor.tpu_report` describes each program. With ``mesh``, the mesh must
+            be over the target's chips (``tpu_target(name).mesh(...)``).
     """
 
     device: str | None = None
@@ -87,6 +92,7 @@ class Options:
     transfers: str = "count"
     mesh: Any = None
     shardings: Any = None
+    target: str | None = None
 
     @functools.cached_property
     def plan(self) -> sharding.Plan | None:
@@ -108,6 +114,7 @@ _ENV = {
     "dump_dir": "TPU_INDUCTOR_DUMP_DIR",
     "pad_to": "TPU_INDUCTOR_PAD_TO",
     "transfers": "TPU_INDUCTOR_TRANSFERS",
+    "target": "TPU_INDUCTOR_TARGET",
 }
 
 _CHOICES = {
@@ -212,6 +219,7 @@ def parse_options(options: Mapping[str, Any] | None, mode: str | None = None) ->
         sharding.parse_plan(values["mesh"], values["shardings"])  # a bad mesh or plan
     except InvalidOptionError as e:
         problems.append(str(e).replace("\n", "\n    "))
+    problems += _target_problems(values)
     if problems:
         known = ", ".join(f"{n} (env {_ENV[n]})" if n in _ENV else n for n in fields)
         raise InvalidOptionError(
@@ -223,6 +231,42 @@ def parse_options(options: Mapping[str, Any] | None, mode: str | None = None) ->
         if values[name] is not None:
             values[name] = os.fspath(values[name])
     return Options(**values)
+
+
+def _target_problems(values: dict) -> list[str]:
+    """What is wrong with the ``target`` option and the options it must agree with."""
+    from tpu_inductor.targets import Target, parse_name, tpu_target
+
+    target = values.get("target")
+    if isinstance(target, Target):
+        values["target"] = target = target.name
+    if target is None:
+        return []
+    if not isinstance(target, str):
+        return [f"option 'target' must be a TPU topology name like 'v5e:2x2', got {target!r}"]
+
+    try:
+        parse_name(target)
+    except InvalidOptionError as e:
+        return [str(e)]
+    problems = []
+    if values.get("device") not in (None, "tpu"):
+        problems.append(
+            f"option 'target' compiles for a TPU; it can't go with device={values['device']!r} "
+            "(drop 'device')"
+        )
+    mesh = values.get("mesh")
+    if mesh is not None and hasattr(mesh, "devices"):
+        try:
+            ours = set(tpu_target(target).devices)
+        except InvalidOptionError as e:
+            return problems + [str(e)]
+        if not set(mesh.devices.flat) <= ours:
+            problems.append(
+                f"option 'mesh' is not over the chips of target {target!r}: make it with "
+                f"tpu_inductor.tpu_target({target!r}).mesh({{'data': n, ...}})"
+            )
+    return problems
 
 
 _logging_configured = False

@@ -112,3 +112,12 @@ def raise_failed_assert(error: Exception) -> None:
     text = str(error)
     if ASSERT_FAILED in text:
         raise RuntimeError(text[text.rindex(ASSERT_FAILED) + len(ASSERT_FAILED) :]) from None
+
+
+class TargetCompileError(TpuInductorError):
+    """Programs compiled for a TPU target (``options={"target": ...}``) were refused by the TPU
+    compiler or do not fit in the chip's HBM.
+
+    Raised by :meth:`tpu_inductor.tpu_report` ``(...).raise_for_errors()``; the message lists
+    every such program, why (with the user's source line) and by how much it is over.
+    """

@@ -34,7 +34,7 @@ from tpu_inductor.errors import (
 from tpu_inductor.lowerings import LOWERINGS, LoweringContext
 from tpu_inductor.lowerings.unsupported import UNSUPPORTED, refusal
 from tpu_inductor.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
-from tpu_inductor.sources import user_frame
+from tpu_inductor.sources import provenance, user_frame
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
 PYTHON_OPS: dict[Any, Callable] = {
@@ -378,9 +378,11 @@ def lower_graph(
                     with jax.ensure_compile_time_eval():
                         value = LOWERINGS[node.target](ctx, args, kwargs)
                 elif node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
-                    value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
+                    with provenance(node):
+                        value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
                 else:
-                    value = LOWERINGS[node.target](ctx, args, kwargs)
+                    with provenance(node):
+                        value = LOWERINGS[node.target](ctx, args, kwargs)
             except (
                 UnsupportedOpError,
                 UnsupportedDtypeError,

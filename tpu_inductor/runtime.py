@@ -88,6 +88,7 @@ class Executables:
     ):
         self.lowered = lowered
         self.plan = plan
+        self.donated = frozenset(donate)  # input positions whose buffers the executable reuses
         # Under a sharding plan: graph output -> the sharding its updated input keeps.
         self._constraints: dict[int, object] = {}
         self.transfers = Counter(name, transfers)
@@ -108,7 +109,7 @@ class Executables:
         self._static = tuple(i + 1 for i in range(n) if i not in set(lowered.tensor_inputs))
         self._tensor_pos = lowered.tensor_inputs
 
-        def traced(seed, *inputs):
+        def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
             outs = lowered.fn(seed, *inputs)
             if self._constraints:
@@ -117,6 +118,7 @@ class Executables:
                     outs[j] = jax.lax.with_sharding_constraint(outs[j], where)
             return outs
 
+        traced.__name__ = traced.__qualname__ = name.replace("-", "_")
         # Donation (TPU/GPU only: on CPU a donated input would alias users' memory): inputs the
         # graph overwrites, whose old device value nothing reads after the call.
         self._jitted = jax.jit(
@@ -137,30 +139,11 @@ class Executables:
                 return exe
             self.misses += 1
             start = time.perf_counter()
-            args = [None] * len(self.lowered.input_metas)
-            for pos, a in zip(self._tensor_pos, arrays, strict=True):
-                args[pos] = a
-            it = iter(statics)
-            for i in range(len(args)):
-                if i not in self._tensor_pos:
-                    args[i] = next(it)
-            if self.plan is not None:  # updated inputs keep their placement (sharding.py)
-                self._constraints = {
-                    m.value_index: args[m.input_index].sharding
-                    for m in self.lowered.mutations
-                    if isinstance(args[m.input_index], jax.Array)
-                }
             with compile_progress(self.name, sum(self.lowered.ops.values())):
-                traced = self._jitted.trace(seed, *args)
+                traced = self.trace(seed, arrays, statics)
                 lowered = traced.lower()
                 exe = compile_lowered(lowered, self.compiler_options)
-            reason = self._reason(signature)
-            if self.dump_dir is not None:
-                n = len(self.builds)
-                (self.dump_dir / f"executable{n}.jaxpr.txt").write_text(str(traced.jaxpr))
-                (self.dump_dir / f"executable{n}.stablehlo.mlir").write_text(lowered.as_text())
-                (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
-            self.builds.append(Build(signature, reason, time.perf_counter() - start))
+            reason = self.record_build(signature, traced, lowered, time.perf_counter() - start)
             self.entries[signature] = exe
             if len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
@@ -173,6 +156,37 @@ class Executables:
                 self.builds[-1].seconds,
             )
             return exe
+
+    def trace(self, seed, arrays: list, statics: list):
+        """``jax.jit(fn).trace`` at one signature: ``arrays`` (arrays, or ``ShapeDtypeStruct``s
+        when compiling for a target) for the tensor inputs, ``statics`` for the rest."""
+        args = [None] * len(self.lowered.input_metas)
+        for pos, a in zip(self._tensor_pos, arrays, strict=True):
+            args[pos] = a
+        it = iter(statics)
+        for i in range(len(args)):
+            if i not in self._tensor_pos:
+                args[i] = next(it)
+        if self.plan is not None:  # updated inputs keep their placement (sharding.py)
+            self._constraints = {
+                m.value_index: args[m.input_index].sharding
+                for m in self.lowered.mutations
+                if isinstance(args[m.input_index], jax.Array | jax.ShapeDtypeStruct)
+            }
+        return self._jitted.trace(seed, *args)
+
+    def record_build(self, signature: tuple, traced, lowered, seconds: float) -> str:
+        """Note one executable built (for ``report()`` and ``dump_dir``); returns why."""
+        reason = self._reason(signature)
+        if self.dump_dir is not None:
+            n = len(self.builds)
+            (self.dump_dir / f"executable{n}.jaxpr.txt").write_text(str(traced.jaxpr))
+            (self.dump_dir / f"executable{n}.stablehlo.mlir").write_text(
+                lowered.as_text(debug_info=True)  # locations: module path, op, source line
+            )
+            (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
+        self.builds.append(Build(signature, reason, seconds))
+        return reason
 
     def _reason(self, signature: tuple) -> str:
         if not self.builds:

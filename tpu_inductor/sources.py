@@ -6,6 +6,10 @@ decomposition's cast, a symbolic float's arithmetic) borrow the nearest traced n
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import re
+
 import torch
 import torch.fx as fx
 
@@ -64,3 +68,103 @@ def _nearest_trace(node) -> str | None:
                     nxt.append(m)
             frontier = nxt
     return None
+
+
+# --- Provenance in the program: every lowered op names the user's module and line -------------
+
+_FRAME = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
+_ROOT = re.compile(r"^(?:L|G)\[['\"][^'\"]*['\"]\](?:\[\d+\])?\.?")
+
+
+def source_location(node) -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of the user's code a node comes from (its stack trace's last
+    frame, or its nearest traced neighbour's), or ``None``."""
+    trace = _nearest_trace(node)
+    frames = _FRAME.findall(trace) if trace else []
+    if not frames:
+        return None
+    file, line, function = frames[-1]
+    return file, int(line), function
+
+
+def module_path(node) -> str | None:
+    """The torch module a node comes from, as ``named_modules()`` names it
+    (``model.layers.3.mlp.down_proj``; the compiled module's class name for its own code): the
+    innermost entry of Dynamo's ``nn_module_stack`` (``fwd_nn_module_stack`` for a backward
+    node). ``None`` outside any module (a compiled function)."""
+    meta = getattr(node, "meta", {})
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1][:2]
+    path = _ROOT.sub("", str(path))
+    path = re.sub(r"\._modules\[['\"](\w+)['\"]\]", r".\1", path)
+    path = re.sub(r"\[['\"]?(\w+)['\"]?\]", r".\1", path).strip(".")
+    return path or getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].strip("'>")
+
+
+def scope_name(node) -> str:
+    """The named scope a node's ops carry into the program: ``model.layers.3.mlp.down_proj/
+    aten::mm`` (``backward/`` in front for a backward node), so an op in XLA's HLO or a TPU
+    profile reads as the module and the ATen op it was lowered from, as torch's profiler names
+    ops."""
+    target = getattr(node, "target", None)
+    name = getattr(target, "_schema", None)
+    op = name.name if name is not None else (getattr(target, "__name__", None) or str(target))
+    where = module_path(node)
+    backward = "backward/" if getattr(node, "meta", {}).get("autograd_backward") else ""
+    return f"{backward}{where}/{op}" if where else f"{backward}{op}"
+
+
+@functools.cache
+def _trampoline(file: str, line: int, function: str):
+    """A function whose frame is ``file:line`` in ``function``: called while a node is traced,
+    it hands JAX a traceback whose innermost frame is the user's line, which JAX writes into
+    the program's op metadata (``stack_frame_id`` -> file, line) instead of ours."""
+    from jax._src import source_info_util
+    from jax._src.lib import xla_client
+
+    if not source_info_util.is_user_filename(file):
+        # JAX drops frames of installed packages (transformers' modeling code) as not the
+        # user's; for a file the user's model lives in they are.
+        source_info_util.register_inclusion(file)
+    name = function if function.isidentifier() else "_at"
+    code = "\n" * (line - 1) + f"def {name}(): return _traceback()\n"
+    namespace = {"_traceback": xla_client.Traceback.get_traceback}
+    exec(compile(code, file, "exec"), namespace)
+    return namespace[name]
+
+
+@functools.cache
+def _exclude_ourselves() -> None:
+    """JAX attributes an op to the innermost frame that is not its own; ours are not the user's
+    either (process-wide, once, on the first lowering that carries a source line)."""
+    import os
+
+    from jax._src import source_info_util
+
+    source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
+
+@contextlib.contextmanager
+def provenance(node):
+    """Trace a node's lowering under its :func:`scope_name` and with its user source line as
+    JAX's current traceback, so both reach the compiled program's op metadata."""
+    import jax
+    from jax._src import source_info_util
+
+    _exclude_ourselves()
+    where = source_location(node)
+    with jax.named_scope(scope_name(node)):
+        if where is None:
+            yield
+            return
+        # What jax's user_context does, without its rewriting of exceptions that pass through
+        # (our own errors name the user's line already).
+        state = source_info_util._source_info_context
+        previous = state.context
+        state.context = previous.replace(traceback=_trampoline(*where)())
+        try:
+            yield
+        finally:
+            state.context = previous

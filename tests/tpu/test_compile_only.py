@@ -1,0 +1,149 @@
+"""Compiling for a TPU target (``options={"target": ...}``) from real and from meta tensors.
+
+What can be compared with CPU eager without running anything: every output's shape and dtype,
+that nothing changed (parameters, optimizer state), and XLA's figures against what the model's
+shapes say they must be (matmul FLOPs, parameter bytes, donated optimizer state).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import tpu_inductor
+from tests.helpers import tiny_llama
+from tpu_inductor import programs
+from tpu_inductor.errors import TargetCompileError
+
+BATCH, SEQ = 2, 16
+
+
+def _step(model, ids, target: str, **options):
+    opts = {"target": target, **options}
+    cm = torch.compile(model, backend="tpu", options=opts)
+    out = cm(ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    opt = torch.optim.AdamW(model.parameters())
+    torch.compile(opt.step, backend="tpu", options=opts)()
+    return out, opt
+
+
+def _linear_flops(model, tokens: int) -> float:
+    """Matmul FLOPs of every nn.Linear in a forward over ``tokens`` tokens: 2 * in * out each."""
+    return sum(
+        2.0 * m.in_features * m.out_features * tokens
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+
+
+@pytest.mark.parametrize("target", ["v5e", "v6e"])
+def test_training_step_compiles_and_runs_nothing(target):
+    model = tiny_llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, 128, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = tiny_llama()(ids, labels=ids, use_cache=False)
+    out, opt = _step(model, ids, target)
+    # outputs shaped and typed as eager's; nothing computed, nothing updated
+    for name in ("loss", "logits"):
+        assert out[name].shape == expected[name].shape
+        assert out[name].dtype == expected[name].dtype
+        assert not out[name].any()
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+    report = tpu_inductor.tpu_report(print_table=False)
+    assert [p.role for p in report.programs] == ["forward", "backward", "optimizer"]
+    assert not report.failed and not report.too_big
+    fwd, bwd, step = report.programs
+    chip = tpu_inductor.tpu_target(target).chip
+    assert fwd.target.chip is chip and fwd.chips == 1
+    # the forward's matmuls are exactly the model's linear layers (plus attention's two)
+    linear = _linear_flops(model, BATCH * SEQ)
+    assert linear <= fwd.total_matmul_flops <= linear * 1.2
+    assert bwd.total_matmul_flops == pytest.approx(2 * fwd.total_matmul_flops, rel=0.2)
+    # AdamW updates params, exp_avg and exp_avg_sq in place: all donated, all aliased
+    params = sum(p.numel() * 4 for p in model.parameters())
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values())
+    assert step.donated_bytes == params + state
+    assert step.memory["alias"] >= params * 3
+    for p in report.programs:
+        assert p.peak_bytes > 0 and p.flops > 0 and p.bytes_accessed > 0
+        assert p.roofline_seconds > 0 and p.xla_seconds is None or p.xla_seconds > 0
+        assert p.ops and p.ops[0].cycles >= p.ops[-1].cycles
+    text = str(report)
+    assert "training step (forward + backward + optimizer)" in text and "MFU ceiling" in text
+    assert "modeling_llama.py" in text and "model.layers." in text
+
+
+def test_meta_model_compiles_the_same_programs_as_a_real_one():
+    """A model on the meta device (nothing materialized) gives the same programs, figure for
+    figure, as the same model with real weights."""
+    ids = torch.randint(0, 128, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    _step(tiny_llama(), ids, "v5e")
+    real = [(p.role, p.memory, p.flops, p.bytes_accessed) for p in programs.PROGRAMS]
+    tpu_inductor.reset()
+    torch._dynamo.reset()
+    with torch.device("meta"):
+        meta_model = tiny_llama()
+    out, _ = _step(meta_model, ids.to("meta"), "v5e")
+    assert out.loss.device.type == "meta"
+    assert all(p.device.type == "meta" for p in meta_model.parameters())
+    assert all(p.grad.device.type == "meta" for p in meta_model.parameters())
+    meta = [(p.role, p.memory, p.flops, p.bytes_accessed) for p in programs.PROGRAMS]
+    assert meta == real
+
+
+def test_a_model_too_big_for_the_chip_says_by_how_much():
+    """16 GiB of float32 weights in a v5e's 16 GiB: the forward does not fit, the backward
+    (which also writes their 16 GiB gradient) even less. Built on the meta device: nothing is
+    allocated here."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(65536, 65536), torch.nn.Linear(65536, 64))
+    x = torch.empty(8, 65536, device="meta")
+    cm = torch.compile(model, backend="tpu", options={"target": "v5e"})
+    cm(x).sum().backward()
+    report = tpu_inductor.tpu_report(print_table=False)
+    bad = report.failed + report.too_big
+    assert bad, str(report)
+    assert "does not fit" in str(report)
+    with pytest.raises(TargetCompileError) as info:
+        report.raise_for_errors()
+    message = str(info.value)
+    assert re.search(r"graph\d+-forward#0 \(forward\): does not fit: the program needs", message)
+    assert "chip has 15.75 GiB usable" in message and "GiB over" in message
+    assert "shard it over more chips" in message
+
+
+def test_an_op_the_tpu_cannot_compile_is_named_with_its_line():
+    """A general eigendecomposition has no TPU lowering in XLA: the report names the op, the
+    user's line and what to do; the rest of the program's outputs still come back shaped."""
+
+    def f(a):
+        return torch.linalg.eigvals(a).abs()  # no TPU kernel for this
+
+    line = f.__code__.co_firstlineno + 1
+    out = torch.compile(f, backend="tpu", options={"target": "v5e"})(torch.randn(4, 4))
+    assert out.shape == (4,) and out.dtype == torch.float32
+    report = tpu_inductor.tpu_report(print_table=False)
+    (program,) = report.failed
+    assert "no lowering for JAX's 'eig'" in program.error
+    assert f'line {line}' in program.error and __file__ in program.error
+    with pytest.raises(TargetCompileError, match="eig"):
+        report.raise_for_errors()
+
+
+def test_report_plot_draws_memory_against_hbm(tmp_path):
+    pytest.importorskip("matplotlib")
+    ids = torch.randint(0, 128, (BATCH, SEQ))
+    _step(tiny_llama(), ids, "v5e")
+    path = tpu_inductor.tpu_report(print_table=False).plot(str(tmp_path / "hbm.png"))
+    assert (tmp_path / "hbm.png").stat().st_size > 1000 and path.endswith("hbm.png")
+
+
+def test_float64_is_refused_for_a_tpu_target_with_its_line():
+    f = torch.compile(lambda x: x * 2, backend="tpu", options={"target": "v5e"})
+    with pytest.raises(tpu_inductor.UnsupportedDtypeError, match="float64"):
+        f(torch.randn(3, dtype=torch.float64))

@@ -1,0 +1,312 @@
+"""Reading what the TPU compiler made: the optimized HLO's top-level ops, the jaxpr's matmul
+FLOPs, and compile errors in the user's words.
+
+Every lowered op carries its FX node's module path and ATen op as a named scope and its user
+source line as a stack frame (``sources.provenance``), so each instruction of the optimized HLO
+names the torch code it came from: ``op_name="jit(graph1_backward)/backward/model.layers.0.mlp.
+down_proj/mm/dot_general" stack_frame_id=17``, the frame table mapping 17 to a file and line.
+The TPU compiler also writes its own cycle estimate into each instruction's backend config
+(``"estimated_cycles"``); the report ranks ops by it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+import numpy as np
+
+_BYTES = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+_SKIP = {
+    "parameter", "constant", "bitcast", "get-tuple-element", "tuple", "copy-done",
+    "after-all", "partition-id", "replica-id",
+}  # fmt: skip
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+@dataclasses.dataclass
+class Op:
+    """One top-level instruction of an optimized HLO module.
+
+    Attributes:
+        name: its HLO name (``fusion.12``); ``opcode``: ``fusion``, ``copy``, ``custom-call``...
+        cycles: the TPU compiler's estimate of its cycles (0 where it gives none).
+        bytes: bytes of its operands and results (what it may move through HBM).
+        scope: the torch module path and ATen op it was lowered from
+            (``backward/model.layers.0.mlp.down_proj/mm``), ``""`` when unknown.
+        source: ``"modeling_llama.py:245 (forward)"``, the user's line, or ``None``.
+    """
+
+    name: str
+    opcode: str
+    cycles: int
+    bytes: int
+    scope: str
+    source: str | None
+
+
+def parse_tables(text: str) -> dict[int, str]:
+    """``stack_frame_id -> "file:line (function)"`` from the module's frame tables."""
+    tables: dict[str, list[str]] = {name: [] for name in _TABLES}
+    current = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in _TABLES:
+            current = stripped
+            continue
+        if current is None:
+            continue
+        if not stripped or stripped.startswith("%") or stripped.startswith("ENTRY"):
+            if stripped:
+                break
+            continue
+        tables[current].append(stripped)
+    files = {int(k): v.strip('"') for k, v in (r.split(" ", 1) for r in tables["FileNames"])}
+    funcs = {int(k): v.strip('"') for k, v in (r.split(" ", 1) for r in tables["FunctionNames"])}
+    locations = {}
+    for row in tables["FileLocations"]:
+        key, rest = row.split(" ", 1)
+        f = dict(re.findall(r"(\w+)=(\d+)", rest))
+        short = files.get(int(f.get("file_name_id", 0)), "?").rsplit("/", 1)[-1]
+        func = funcs.get(int(f.get("function_name_id", 0)), "?")
+        locations[int(key)] = f"{short}:{f.get('line', '?')} ({func})"
+    frames = {}
+    for row in tables["StackFrames"]:
+        key, rest = row.split(" ", 1)
+        loc = re.search(r"file_location_id=(\d+)", rest)
+        if loc:
+            frames[int(key)] = locations.get(int(loc.group(1)))
+    return frames
+
+
+def _array_bytes(shape_text: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape_text):
+        size = _BYTES.get(dtype)
+        if size is not None:
+            total += size * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+    return total
+
+
+def _entry_lines(text: str) -> list[str]:
+    start = text.find("\nENTRY ")
+    if start < 0:
+        return []
+    end = text.find("\n}", start)
+    return text[start:end].splitlines()[2:]
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+    """``"f32[2]{0} fusion(%a), ..."`` -> (the result shape, the rest from the opcode on)."""
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rest[: i + 1], rest[i + 1 :].lstrip()
+    shape, _, tail = rest.partition(" ")
+    return shape, tail
+
+
+def top_ops(text: str) -> list[Op]:
+    """The top-level ops of an optimized HLO module's entry computation, most cycles first."""
+    frames = parse_tables(text)
+    shapes: dict[str, str] = {}
+    ops = []
+    for line in _entry_lines(text):
+        m = _INSTR.match(line)
+        if m is None:
+            continue
+        name, rest = m.groups()
+        shape, tail = _split_shape(rest)
+        shapes[name] = shape
+        opcode = tail.split("(", 1)[0].strip()
+        if opcode in _SKIP:
+            continue
+        operands = re.findall(r"%([\w.\-]+)", tail.split("),", 1)[0])
+        moved = _array_bytes(shape) + sum(_array_bytes(shapes.get(o, "")) for o in operands)
+        cycles = re.search(r'"estimated_cycles":"(\d+)"', tail)
+        op_name = re.search(r'op_name="([^"]*)"', tail)
+        frame = re.search(r"stack_frame_id=(\d+)", tail)
+        target = re.search(r'custom_call_target="([^"]+)"', tail)
+        ops.append(
+            Op(
+                name=name,
+                opcode=f"{opcode}:{target.group(1)}" if target else opcode,
+                cycles=int(cycles.group(1)) if cycles else 0,
+                bytes=moved,
+                scope=_scope(op_name.group(1)) if op_name else "",
+                source=frames.get(int(frame.group(1))) if frame else None,
+            )
+        )
+    ops.sort(key=lambda o: (o.cycles, o.bytes), reverse=True)
+    return ops
+
+
+def _scope(op_name: str) -> str:
+    """``jit(graph1_backward)/backward/model.norm/aten::mul/mul`` ->
+    ``backward/model.norm/aten::mul`` (the jit name and JAX's own inner scopes dropped)."""
+    parts = op_name.split("/")
+    if parts and parts[0].startswith("jit("):
+        parts = parts[1:]
+    for i, part in enumerate(parts):
+        if "::" in part:  # the ATen op (sources.scope_name); what follows is JAX's
+            return "/".join(parts[: i + 1])
+    return "/".join(parts[:-1]) if len(parts) > 1 else "/".join(parts)
+
+
+def split_scope(scope: str) -> tuple[str, str]:
+    """``backward/model.norm/aten::mul`` -> (``backward/model.norm``, ``aten::mul``)."""
+    parts = scope.split("/")
+    for i, part in enumerate(parts):
+        if "::" in part:
+            return "/".join(parts[:i]), part
+    return "", scope
+
+
+def by_module(ops: list[Op], depth: int = 4) -> list[tuple[str, int, int]]:
+    """``(module, cycles, bytes)`` summed over ops per module path prefix of ``depth`` parts
+    (``model.layers.3.mlp``; ``backward/`` kept in front), most cycles first."""
+    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for op in ops:
+        module = split_scope(op.scope)[0]
+        backward = module.startswith("backward")
+        path = module.removeprefix("backward").lstrip("/")
+        key = ".".join(path.split(".")[:depth]) or ("(no module)" if op.scope else "(unnamed)")
+        key = f"backward/{key}" if backward else key
+        totals[key][0] += op.cycles
+        totals[key][1] += op.bytes
+    rows = [(k, c, b) for k, (c, b) in totals.items()]
+    rows.sort(key=lambda r: (r[1], r[2]), reverse=True)
+    return rows
+
+
+# --- matmul FLOPs by operand dtype and precision, from the jaxpr ----------------------------------
+
+
+def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
+    """FLOPs of every ``dot_general`` and convolution in ``jaxpr`` (sub-jaxprs included), keyed
+    by (operand dtype, precision): what the MXU does, at a rate that depends on both."""
+    totals: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for eqn in _eqns(jaxpr):
+        name = eqn.primitive.name
+        if name not in ("dot_general", "conv_general_dilated"):
+            continue
+        lhs, rhs = (v.aval for v in eqn.invars[:2])
+        out = eqn.outvars[0].aval
+        if name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            k = int(np.prod([lhs.shape[d] for d in contract] or [1]))
+            flops = 2.0 * float(np.prod(out.shape)) * k
+        else:
+            spec = eqn.params["dimension_numbers"].rhs_spec  # (out feature, in feature, ...)
+            flops = 2.0 * float(np.prod(out.shape)) * float(np.prod(rhs.shape)) / rhs.shape[spec[0]]
+        totals[(_short_dtype(lhs.dtype), _precision(eqn.params.get("precision")))] += flops
+    return dict(totals)
+
+
+def _eqns(jaxpr):
+    import jax
+
+    closed = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in closed.eqns:
+        yield eqn
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def _short_dtype(dtype) -> str:
+    name = np.dtype(dtype).name
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "s8"}.get(name, name)
+
+
+def _precision(precision) -> str:
+    if isinstance(precision, tuple | list):
+        precision = precision[0] if precision else None
+    text = str(precision).lower() if precision is not None else "default"
+    for level in ("highest", "high"):
+        if level in text:
+            return level
+    return "default"
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+_SIZE = r"([\d.]+[KMGT]?)"
+_OOM = (  # the two ways libtpu says a program does not fit (libtpu 0.0.42)
+    re.compile(rf"Used {_SIZE} of {_SIZE} hbm"),  # an allocation failed: used, capacity
+    re.compile(rf"memory required for ([\w ]+?) \({_SIZE}\) exceeds available HBM \({_SIZE}\)"),
+)
+_NO_RULE = re.compile(r"translation rule for primitive '(\w+)' not found for platform (\w+)")
+
+
+def _bytes(size: str) -> float:
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(size[-1], 1)
+    return float(size.rstrip("KMGT")) * scale
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def explain(error: Exception, jaxpr, target) -> str:
+    """The TPU lowering's or compiler's refusal, said as what, where and what to do."""
+    text = str(error)
+    kind = target.chip.device_kind
+    used = _OOM[0].search(text)
+    required = _OOM[1].search(text)
+    if used or required:
+        need, capacity = used.groups() if used else required.groups()[1:]
+        what = f" ({required.group(1)})" if required else ""
+        over = _bytes(need) - _bytes(capacity)
+        return (
+            f"does not fit: the program needs {_gib(_bytes(need))}{what} of HBM per chip, a "
+            f"{kind} chip has {_gib(_bytes(capacity))} usable; {_gib(over)} over."
+            f"{_largest_allocations(text)}\nWhat to do: shard it over more chips (options "
+            "mesh=tpu_target(...).mesh(...), shardings='fsdp'), a smaller batch or sequence, "
+            "bfloat16 parameters, or activation checkpointing."
+        )
+    rule = _NO_RULE.search(text)
+    if rule:
+        primitive = rule.group(1)
+        where = sorted({_where(e) for e in _eqns(jaxpr) if e.primitive.name == primitive})
+        at = "".join(f"\n  at {w}" for w in where) or "\n  (no source line known)"
+        return (
+            f"the TPU compiler has no lowering for JAX's {primitive!r}:{at}\nWhat to do: "
+            "compute it outside the compiled region (torch.compiler.disable), or compile for "
+            "the CPU; on a TPU this op can't run."
+        )
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return f"{type(error).__name__}: {first}"
+
+
+def _largest_allocations(text: str) -> str:
+    """The largest allocations XLA lists with an out-of-memory error, named by our scopes."""
+    rows = []
+    for m in re.finditer(
+        r"Size: ([\d.]+[KMGT]?)\s*\n\s*Operator: op_name=\"([^\"]*)\"(?:[^\n]*\n\s*Shape: (\S+))?",
+        text,
+    ):
+        size, op_name, shape = m.groups()
+        rows.append(f"\n  - {size}B {shape or ''} from {_scope(op_name) or op_name}")
+        if len(rows) == 3:
+            break
+    return "\nLargest allocations:" + "".join(rows) if rows else ""
+
+
+def _where(eqn) -> str:
+    from jax._src import source_info_util
+
+    scope = str(eqn.source_info.name_stack)
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    line = f'File "{frame.file_name}", line {frame.start_line}' if frame else "unknown line"
+    return f"{scope or eqn.primitive.name}: {line}"
