@@ -514,6 +514,9 @@ def schema_call(op: OpOverload, args, kwargs) -> tuple[list, dict]:
     return pos, kw
 
 
+_WIDE = (torch.int64, torch.uint64, torch.float64, torch.complex128)
+
+
 @contextlib.contextmanager
 def _platform(platform: str | None):
     token = _PLATFORM.set(platform)
@@ -523,10 +526,26 @@ def _platform(platform: str | None):
         _PLATFORM.reset(token)
 
 
+@contextlib.contextmanager
+def _users_jax(ctx: LoweringContext, args: list):
+    """How a user's JAX function is traced: with the graph's platform readable
+    (:func:`pallas_interpret`), and with JAX's own default of 32-bit types (``jax_enable_x64``
+    off) unless its arrays in or out are 64-bit. The graph is traced with x64 on (int64 stays
+    int64); a kernel written for JAX's defaults would otherwise make 64-bit indices: a Pallas
+    kernel's ``index_map`` then returns i64, which Mosaic refuses to compile for a TPU ("failed
+    to legalize operation 'func.return'", libtpu 0.0.42; tests/tpu/test_suite.py)."""
+    outs = ctx.out if isinstance(ctx.out, list | tuple) else [ctx.out]
+    wide = any(isinstance(o, torch.Tensor) and o.dtype in _WIDE for o in outs) or any(
+        _is_array(a) and jnp.dtype(a.dtype).itemsize == 8 for a in jax.tree.leaves(args)
+    )
+    with _platform(getattr(ctx, "platform", None)), jax.enable_x64(wide):
+        yield
+
+
 def _lowering_of(reg: Registration) -> Callable:
     def lower(ctx: LoweringContext, *args, **kwargs):
         pos, kw = schema_call(reg.op, args, kwargs)
-        with _platform(getattr(ctx, "platform", None)):
+        with _users_jax(ctx, [pos, kw]):
             out = reg.fn(*pos, **kw)
         return check_outputs(reg, ctx, out)
 
@@ -627,7 +646,7 @@ def _vjp(fn: Callable, pos: list, kw: dict, grad_outputs: list) -> list:
 def _vjp_lowering_of(reg: Registration) -> Callable:
     def lower(ctx: LoweringContext, *args, **kwargs):
         pos, kw = schema_call(reg.backward_op, args, kwargs)
-        with _platform(getattr(ctx, "platform", None)):
+        with _users_jax(ctx, [pos, kw]):
             grads = _vjp(reg.fn, pos[1:], kw, list(pos[0]))
         return check_outputs(reg, ctx, grads, what="jax.vjp backward")
 

@@ -17,9 +17,11 @@ Names (:func:`tpu_target`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 
@@ -219,6 +221,34 @@ def _target(name: str, generation: str, grid: tuple[int, ...]) -> Target:
     return Target(name, topology, CHIPS[generation], _devices(generation, grid))
 
 
+# libtpu looks for the TPU it runs on when it first loads; on a machine without one it prints
+# three warnings and an error line (accelerator type, worker hostnames) before compiling for a
+# topology anyway. These say "no TPU here, a single host" up front (libtpu 0.0.42.1).
+_QUIET_LIBTPU = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+}
+
+
+@contextlib.contextmanager
+def _no_tpu_here():
+    """Quiet libtpu's search for a TPU while a topology is made, when JAX has none: the
+    variables are set only while unset, only for the call, and never where JAX has a TPU."""
+    import jax
+
+    if any(d.platform == "tpu" for d in jax.devices()):
+        yield
+        return
+    added = {k: v for k, v in _QUIET_LIBTPU.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 @functools.cache
 def _devices(generation: str, grid: tuple[int, ...]) -> tuple:
     """The compile-only devices of a topology (one per chip; v4/v5p as megacore devices)."""
@@ -239,7 +269,8 @@ def _devices(generation: str, grid: tuple[int, ...]) -> tuple:
         kwargs["chips_per_host_bounds"] = bounds
     topology = f"{generation}:{'x'.join(map(str, grid))}"
     try:
-        desc = topologies.get_topology_desc(topology, "tpu", **kwargs)
+        with _no_tpu_here():
+            desc = topologies.get_topology_desc(topology, "tpu", **kwargs)
     except Exception as e:
         text = str(e) or type(e).__name__
         raise InvalidOptionError(

@@ -269,3 +269,52 @@ def run_training(case: ModelCase, steps: int = 2) -> RunResult:
     result.backend_graphs = counts.backend_graphs
     result.recompiles = counts.dynamo_graphs - int(graphs_after_first)
     return result
+
+
+@dataclasses.dataclass
+class TargetResult:
+    """What compiling one model for a TPU target found (``run_target``).
+
+    Attributes:
+        programs: ``tpu_inductor.programs.Program`` s compiled, in order (forward, backward,
+            optimizer for a training step; the inference forward otherwise).
+        seconds: wall time of the whole compile-only run (Dynamo, AOTAutograd, lowering and
+            every TPU compile).
+        shapes_match: every output's shape and dtype equal eager's (values are not compared:
+            nothing ran).
+    """
+
+    programs: list
+    seconds: float
+    shapes_match: bool
+
+
+def run_target(case: ModelCase, target: str, train: bool = False, **options) -> TargetResult:
+    """Compile ``case`` for a TPU ``target`` (``options={"target": ...}``): its inference
+    forward, or with ``train`` a training step (loss, backward, a compiled AdamW step), and
+    compare each output's shape and dtype with CPU eager's. Nothing runs on the target."""
+    from tpu_inductor import programs
+
+    torch.manual_seed(0)
+    model, kwargs = case.build(train)
+    model.train(train)
+    opts = {"target": target, **options}
+    with torch.no_grad():
+        expected = select_outputs(model(**copy.deepcopy(kwargs)), case.outputs)
+    before = len(programs.PROGRAMS)
+    start = time.perf_counter()
+    compiled = torch.compile(model, backend="tpu", options=opts)
+    if train:
+        out = compiled(**copy.deepcopy(kwargs))
+        loss_of(out).backward()
+        opt = make_optimizer(model)
+        torch.compile(opt.step, backend="tpu", options=opts)()
+    else:
+        with torch.no_grad():
+            out = compiled(**copy.deepcopy(kwargs))
+    seconds = time.perf_counter() - start
+    actual = select_outputs(out, case.outputs)
+    same = all(
+        actual[k].shape == v.shape and actual[k].dtype == v.dtype for k, v in expected.items()
+    )
+    return TargetResult(list(programs.PROGRAMS[before:]), seconds, same)

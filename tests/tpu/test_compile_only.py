@@ -130,7 +130,7 @@ def test_an_op_the_tpu_cannot_compile_is_named_with_its_line():
     report = tpu_inductor.tpu_report(print_table=False)
     (program,) = report.failed
     assert "no lowering for JAX's 'eig'" in program.error
-    assert f'line {line}' in program.error and __file__ in program.error
+    assert f"line {line}" in program.error and __file__ in program.error
     with pytest.raises(TargetCompileError, match="eig"):
         report.raise_for_errors()
 
