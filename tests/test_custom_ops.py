@@ -371,7 +371,7 @@ def _wrong_shape(x, y, alpha):
 
 
 def _wrong_dtype(x, y, alpha):
-    return x.astype(jnp.float64)
+    return x.astype(jnp.bfloat16)
 
 
 @pytest.mark.parametrize(
@@ -383,7 +383,7 @@ def _wrong_dtype(x, y, alpha):
             r"returns 1 \(float32\[4, 3\]\)\. Return one array",
         ),
         (_wrong_shape, r"output 0: got float32\[2, 3\], expected float32\[4, 3\]"),
-        (_wrong_dtype, r"output 0: got float64\[4, 3\], expected float32\[4, 3\]"),
+        (_wrong_dtype, r"output 0: got bfloat16\[4, 3\], expected float32\[4, 3\]"),
     ],
 )
 def test_wrong_outputs_name_op_line_and_fix(fn, match):

@@ -1,0 +1,129 @@
+"""Every model of the suite compiled for TPU targets, without a TPU (docs/models.md's TPU column).
+
+``python -m benchmarks.tpu_models`` (needs libtpu: ``pip install -e '.[tpu]'``; run with
+``JAX_PLATFORMS=cpu``) compiles each model of the suite (``tests/models/``, the MoE and
+flex-attention cases) with ``options={"target": ...}``: its inference forward, or, for a model the
+suite trains, a training step (forward, backward, compiled AdamW). Nothing runs. Per model and
+target it records each program (role, compiled or the error, HBM peak per chip, FLOPs, bytes
+accessed, compile seconds), whether every output has eager's shape and dtype, and the wall time
+of the whole run. Results go to ``benchmarks/results/tpu_models.json`` after each model (a partial
+run leaves a partial table); ``python scripts/gen_models_doc.py`` renders the column.
+
+Options: ``--targets v5e,v6e``, ``--models a,b`` (only those), ``--slow`` (also the suite's slow
+models), ``--resume`` (keep rows already in the JSON), ``--json`` (output path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JSON_PATH = os.path.join(ROOT, "benchmarks", "results", "tpu_models.json")
+
+
+def suite_cases(slow: bool = False) -> list:
+    """Every model case of the suite (the same list as docs/models.md's)."""
+    sys.path.insert(0, ROOT)
+    from tests.lowerings import test_flex_attention, test_grouped
+    from tests.models import test_diffusers, test_transformers
+
+    cases = [*test_transformers.MODELS, *test_diffusers.MODELS]
+    cases += [*test_grouped.model_cases(), *test_flex_attention.model_cases()]
+    return [c for c in cases if slow or not c.slow]
+
+
+def run_case(case, target: str) -> dict:
+    """Compile one case for one target; a JSON-able row."""
+    import tpu_inductor
+    from tests.models import test_transformers
+    from tests.models.harness import run_target
+
+    row = {"model": case.name, "library": case.library, "target": target, "train": case.train}
+    try:
+        test_transformers._requires(case.library)
+    except BaseException as e:  # pytest.skip: the library is not installed
+        row["error"] = f"skipped: {e}"
+        return row
+    torch._dynamo.reset()
+    tpu_inductor.reset()
+    try:
+        result = run_target(case, target, train=case.train)
+    except Exception as e:  # noqa: BLE001  (the table records every failure and goes on)
+        traceback.print_exc()
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+        return row
+    row["seconds"] = round(result.seconds, 2)
+    row["shapes_match"] = result.shapes_match
+    row["programs"] = [
+        {
+            "name": p.name,
+            "role": p.role,
+            "compiled": p.compiled,
+            "error": p.error,
+            "peak_bytes": p.peak_bytes,
+            "fits": p.fits,
+            "flops": p.flops,
+            "bytes_accessed": p.bytes_accessed,
+            "compile_s": round(p.compile_seconds, 2),
+        }
+        for p in result.programs
+    ]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="v5e,v6e")
+    parser.add_argument("--models", default="")
+    parser.add_argument("--slow", action="store_true")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--json", default=JSON_PATH)
+    args = parser.parse_args(argv)
+    targets = [t for t in args.targets.split(",") if t]
+    only = {m for m in args.models.split(",") if m}
+    rows: list[dict] = []
+    if args.resume and os.path.exists(args.json):
+        rows = [r for r in json.load(open(args.json))["rows"] if r["model"] not in only]
+    done = {(r["model"], r["target"]) for r in rows}
+    start = time.time()
+    for case in suite_cases(args.slow):
+        if only and case.name not in only:
+            continue
+        for target in targets:
+            if (case.name, target) in done:
+                continue
+            print(f"[tpu_models] {case.name} for {target}", file=sys.stderr, flush=True)
+            rows.append(run_case(case, target))
+            _write(args.json, rows, time.time() - start)
+    return 0
+
+
+def _write(path: str, rows: list[dict], elapsed: float) -> None:
+    import importlib.metadata as md
+
+    import jax
+
+    meta = {
+        "command": "JAX_PLATFORMS=cpu python -m benchmarks.tpu_models",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no TPU",
+        "load_avg_at_end": round(os.getloadavg()[0], 1),
+        "versions": f"torch {torch.__version__}, jax {jax.__version__}, "
+        f"libtpu {md.version('libtpu')}",
+        "date": time.strftime("%Y-%m-%d"),
+        "elapsed_s": round(elapsed),
+    }
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
