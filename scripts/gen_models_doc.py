@@ -142,6 +142,38 @@ def dynamic_cells(path: Path = DYNAMIC_RESULTS) -> dict[str, str]:
     return cells
 
 
+TPU_RESULTS = ROOT / "benchmarks" / "results" / "tpu_models.json"
+
+
+def tpu_cells(path: Path = TPU_RESULTS) -> dict[str, str]:
+    """Model name -> the *TPU compile* column from ``python -m benchmarks.tpu_models``: per
+    target, what compiled (``train``: forward, backward and AdamW; ``fwd``: inference), the
+    largest program's HBM peak per chip and the whole compile-only run's seconds, or the
+    failure."""
+    import json
+
+    if not path.exists():
+        return {}
+    cells: dict[str, list[str]] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        if "skipped" in r.get("error", ""):
+            continue
+        if r.get("error"):
+            cell = f"{r['target']} ERROR {r['error'][:80]}"
+        else:
+            bad = [p for p in r["programs"] if not (p["compiled"] and p["fits"])]
+            what = "train" if r["train"] else "fwd"
+            if bad:
+                cell = f"{r['target']} FAILS {bad[0]['role']}: {(bad[0]['error'] or '')[:80]}"
+            else:
+                peak = max(p["peak_bytes"] for p in r["programs"]) / 1e6
+                cell = f"{r['target']} {what} {peak:.1f} MB {r['seconds']:.0f} s"
+            if not r.get("shapes_match", True):
+                cell += " (shapes differ)"
+        cells.setdefault(r["model"], []).append(cell.replace("|", "/").replace("\n", " "))
+    return {k: "; ".join(v) for k, v in cells.items()}
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
@@ -186,13 +218,19 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         "*(slow)* = the test runs only with `TPU_INDUCTOR_SLOW=1`; *dynamic* = under "
         "`dynamic=True` (from `benchmarks/results/dynamic.json`, [dynamic.md](dynamic.md)): eager "
         "islands, executables per new size, median first-call seconds per new size after the "
-        "first, or `-` where the sweep did not run the model.",
+        "first, or `-` where the sweep did not run the model; *TPU compile* = compiled for TPU "
+        "targets without a TPU (`JAX_PLATFORMS=cpu python -m benchmarks.tpu_models`, "
+        "`benchmarks/results/tpu_models.json`): per target what compiled (`train`: forward, "
+        "backward and AdamW; `fwd`: the inference forward), the largest program's HBM peak per "
+        "chip, the seconds of the whole compile-only run, or what failed.",
         "",
         "| model | library | graphs | breaks | fallback ops | compile s | compiled ms | eager ms "
-        "| speedup | max err | tol | forward | training | dynamic |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| speedup | max err | tol | forward | training | dynamic | TPU compile |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     dynamic = dynamic_cells()
+    tpu = tpu_cells()
     for r in rows:
         case: ModelCase = r["case"]
         f = r.get("forward")
@@ -219,7 +257,8 @@ def render(rows: list[dict], gen_rows: list[dict], elapsed: float) -> str:
         lines.append(
             f"| {name} | {case.library} | "
             + " | ".join(cells)
-            + f" | {tol} | {r['forward_status']} | {training} | {dynamic.get(case.name, '-')} |"
+            + f" | {tol} | {r['forward_status']} | {training} | {dynamic.get(case.name, '-')}"
+            + f" | {tpu.get(case.name, '-')} |"
         )
     loose = [r["case"] for r in rows if r["case"].reason]
     if loose:

@@ -223,11 +223,14 @@ def _target(name: str, generation: str, grid: tuple[int, ...]) -> Target:
 
 # libtpu looks for the TPU it runs on when it first loads; on a machine without one it prints
 # three warnings and an error line (accelerator type, worker hostnames) before compiling for a
-# topology anyway. These say "no TPU here, a single host" up front (libtpu 0.0.42.1).
+# topology anyway, and it takes /tmp/libtpu_lockfile, so a second process compiling for a target
+# at the same time failed ("Internal error when accessing libtpu multi-process lockfile"). These
+# say "no TPU here, a single host, others may load libtpu too" up front (libtpu 0.0.42.1).
 _QUIET_LIBTPU = {
     "TPU_SKIP_MDS_QUERY": "1",
     "TPU_WORKER_HOSTNAMES": "localhost",
     "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
 }
 
 

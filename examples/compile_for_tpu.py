@@ -1,0 +1,72 @@
+"""Check a training step on a TPU you don't have: compile it for a topology and read the report.
+
+    pip install -e '.[tpu]'                       # libtpu: XLA's TPU compiler (~700 MB)
+    JAX_PLATFORMS=cpu python examples/compile_for_tpu.py
+    JAX_PLATFORMS=cpu python examples/compile_for_tpu.py --target v5e:2x2 --shardings fsdp
+
+The model is a transformers Llama built on the meta device: no weight is ever allocated, so the
+same script checks an 8B model from a laptop (``--hidden 4096 --layers 32 --heads 32 --kv-heads
+8 --intermediate 14336 --vocab 128256``). Nothing runs: every graph is compiled by libtpu's TPU
+compiler and described (``tpu_inductor.tpu_report()``); a program that does not fit in the
+chip's HBM is reported with by how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import transformers
+
+import tpu_inductor
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="v5e")
+    p.add_argument("--shardings", default=None, help="dp, fsdp or tp (with a multi-chip target)")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--intermediate", type=int, default=2816)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--plot", default=None, help="write HBM per program to this PNG")
+    args = p.parse_args()
+
+    config = transformers.LlamaConfig(
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        vocab_size=args.vocab,
+        max_position_embeddings=args.seq,
+    )
+    with torch.device("meta"):  # nothing is allocated
+        model = transformers.LlamaForCausalLM(config).to(getattr(torch, args.dtype))
+    ids = torch.empty(args.batch, args.seq, dtype=torch.long, device="meta")
+
+    options = {"target": args.target}
+    if args.shardings:
+        target = tpu_inductor.tpu_target(args.target)
+        axes = {"data": target.num_chips // 2, "model": 2} if args.shardings == "tp" else None
+        options |= {"mesh": target.mesh(axes or ("data",)), "shardings": args.shardings}
+
+    # the training step as on a TPU: compiled model, loss.backward(), compiled AdamW
+    step_model = torch.compile(model, backend="tpu", options=options)
+    loss = step_model(ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    opt = torch.optim.AdamW(model.parameters())
+    torch.compile(opt.step, backend="tpu", options=options)()
+
+    report = tpu_inductor.tpu_report()
+    if args.plot:
+        report.plot(args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The README's figures come from the generated docs, never copied by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_coverage_block_is_the_generated_docs_headlines():
+    """README.md's coverage block is what scripts/update_readme_coverage.py writes from
+    docs/ops.md, docs/models.md and benchmarks/results/tpu_models.json; after regenerating a
+    doc, run that script."""
+    script = _script("update_readme_coverage")
+    readme = (ROOT / "README.md").read_text()
+    block = script.render()
+    assert block in readme, "README coverage is stale: python scripts/update_readme_coverage.py"
+    for line in block.splitlines():
+        if line.startswith("- ") and "TPU compile" not in line:
+            source = "ops.md" if "OpInfo" in line or "ATen" in line else "models.md"
+            assert line in (ROOT / "docs" / source).read_text()
