@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -52,6 +53,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tpu_inductor import config, device_owned
 from tpu_inductor.boundary import nbytes, tensor_to_host, tensor_to_jax
+from tpu_inductor.dtypes import to_jax_dtype
 from tpu_inductor.residency import VALUES
 from tpu_inductor.transfers import D2H, H2D, TOTAL
 
@@ -312,8 +314,7 @@ def _unflatten(leaves: list, spec: tuple) -> tuple[list, dict]:
 
 
 def _written_ids(func, info: _OpInfo, args, kwargs, leaves) -> tuple[int, ...]:
-    """Leaf indices of the tensors the op writes (leaves in ``pytree`` order of (args,
-    kwargs): the schema's arguments in order)."""
+    """Indices in ``leaves`` (:func:`_flatten`'s) of the tensors the op writes."""
     if not info.written:
         return ()
     ids = set()
@@ -396,12 +397,15 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
     except Exception as e:  # noqa: BLE001 - any failure to build means: run it on the host
         log.debug("eager %s stays on the host: %s: %s", func, type(e).__name__, e)
         return None
-    placeholder_leaf = tensor_leaves
-    mutations = tuple((placeholder_leaf[m.input_index], m.value_index) for m in lowered.mutations)
+    # graph input k is tensor_leaves[k]; a write must be one the schema declares, and each
+    # declared write must be in the graph
+    mutations = tuple((tensor_leaves[m.input_index], m.value_index) for m in lowered.mutations)
+    written_ids = {id(leaves[i]) for i in written}
     if {leaf for leaf, _ in mutations} != {
-        leaf for leaf in placeholder_leaf if id(leaves[leaf]) in _ids(leaves, written)
+        i for i in tensor_leaves if id(leaves[i]) in written_ids
     }:
-        return None  # the graph writes something other than what the schema says
+        log.debug("eager %s stays on the host: its graph writes %s", func, mutations)
+        return None
     STATS.programs += 1
     STATS.build_seconds += time.perf_counter() - start
     return _Program(
@@ -415,28 +419,23 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
     )
 
 
-def _ids(leaves, indices) -> set:
-    return {id(leaves[i]) for i in indices}
-
-
-def _example(v, device):
-    t = v._inner if type(v) is device_owned.DeviceTensor else v
-    from tpu_inductor.dtypes import to_jax_dtype
-
+def _example(v, device) -> jax.ShapeDtypeStruct:
+    t = _plain(v)
     sharding = jax.sharding.SingleDeviceSharding(device)
     return jax.ShapeDtypeStruct(tuple(t.shape), to_jax_dtype(t.dtype), sharding=sharding)
 
 
 def _perturb(v: float, k: int) -> float:
+    """A value near ``v``, different from it and from the other floats' (``k``: which)."""
     return v * (1 + (k + 1) * 2.0**-9) + (k + 1) * 2.0**-11
 
 
-def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> fx.GraphModule:
-    """The op as a functional ATen graph over its distinct tensors (``floats``: leaf index ->
-    value to trace with instead of the call's)."""
+def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> tuple[fx.GraphModule, object]:
+    """The op as a functional ATen graph over its distinct tensors, and its output structure
+    (``floats``: leaf index -> value to trace with instead of the call's)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from tpu_inductor import capture, foreach
+    from tpu_inductor import capture  # its decompositions include foreach.decompositions()
 
     holder = {}
 
@@ -454,7 +453,7 @@ def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> fx.GraphMod
         return flat
 
     inputs = [_plain(leaves[i]) for i in tensor_leaves]
-    table = {**capture.decomposition_table(), **foreach.decompositions()}
+    table = capture.decomposition_table()
     functional = torch.func.functionalize(f, remove="mutations_and_views")
     with top_level_dispatch():
         gm = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*inputs)
@@ -465,6 +464,11 @@ def top_level_dispatch():
     """The dispatcher's state outside any ``__torch_dispatch__`` (which excludes every key
     above Python, functionalization and the tracer included), with autocast off: the op being
     traced was already dispatched past autocast."""
+    return torch._C._ForceDispatchKeyGuard(*_top_level_keys())
+
+
+@functools.cache
+def _top_level_keys():
     keys = torch._C.DispatchKey
     autocast = torch._C.DispatchKeySet(keys.AutocastCPU)
     for name in dir(keys):
@@ -473,7 +477,7 @@ def top_level_dispatch():
     include = torch._C.DispatchKeySet(keys.BackendSelect) | torch._C.DispatchKeySet(
         keys.ADInplaceOrView
     )
-    return torch._C._ForceDispatchKeyGuard(include, autocast)
+    return include, autocast
 
 
 def _plain(v):

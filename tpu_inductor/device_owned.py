@@ -201,7 +201,7 @@ class DeviceTensor(torch.Tensor):
             return t._inner
 
         args_in, kwargs_in = pytree.tree_map_only(DeviceTensor, inner, (args, kwargs))
-        if _makes_alias(func) and _plain_inner(args_in):
+        if _makes_alias(func) and _plain_inner((args_in, kwargs_in)):
             # Below autograd a view or detach gets a version counter of its own; made as above
             # autograd, it shares its base's, so a later in-place change of either is seen
             # through both (residency.VALUES trusts a tensor's version).
@@ -296,8 +296,12 @@ def _plain_inner(args_in) -> bool:
     can run as outside any ``__torch_dispatch__``)."""
     if _get_current_dispatch_mode() is not None:
         return False
-    tensors = pytree.tree_leaves(args_in)
-    return all(type(t) is torch.Tensor for t in tensors if isinstance(t, torch.Tensor))
+    args, kwargs = args_in
+    for a in (*args, *kwargs.values()):
+        for t in a if isinstance(a, list | tuple) else (a,):
+            if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor:
+                return False
+    return True
 
 
 def _bump_written(func, args, kwargs) -> None:
