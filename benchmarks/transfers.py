@@ -9,6 +9,10 @@ where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads
   parameters), batch 2 x 64, compiled model + compiled AdamW ``opt.step``, steady state, the
   loss read every step; ``keep``: the same with ``tpu_inductor.keep_on_device(model, opt)``;
   ``keep-read10``: that, reading the loss every 10th step (nothing blocks in between);
+  ``keep-clip``: ``keep`` with an eager ``torch.nn.utils.clip_grad_norm_(model.parameters(),
+  1.0)`` between the backward and the compiled step, its eager ops run on the device
+  (``device_eager.py``); ``keep-clip-host``: the same with them synced to the host and run
+  there (``TPU_INDUCTOR_EAGER_OPS=host``, what every eager op on device-owned state did before);
 - ``decode``: greedy ``generate()`` with a static KV cache (16 prompt + 16 new tokens), bytes
   per generated token against the cache's size, over a whole generate and per decode step;
   ``decode-keep``: the same with ``keep_on_device(model)``;
@@ -72,12 +76,22 @@ def _delta(before, after) -> dict:
 
 
 def train(
-    steps: int = 5, warmup: int = 3, keep_on_device: bool = False, read_every: int = 1
+    steps: int = 5,
+    warmup: int = 3,
+    keep_on_device: bool = False,
+    read_every: int = 1,
+    clip: float | None = None,
+    eager_ops: str = "device",
 ) -> dict:
     """Steady-state bytes and time per training step (the loss read every ``read_every``
-    steps: with keep_on_device nothing blocks in between, so steps can pipeline)."""
+    steps: with keep_on_device nothing blocks in between, so steps can pipeline). ``clip``:
+    an eager ``clip_grad_norm_`` to that norm each step, its ops run on the device or synced to
+    the host (``eager_ops``)."""
     import tpu_inductor
+    from tpu_inductor import device_eager
     from tpu_inductor.transfers import TOTAL
+
+    device_eager.ENABLED = eager_ops == "device"
 
     model = _llama().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -92,22 +106,28 @@ def train(
         opt.zero_grad(set_to_none=True)
         loss = cmodel(input_ids=ids, labels=ids).loss
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         cstep()
         return float(loss.detach()) if (i + 1) % read_every == 0 else None
 
-    for i in range(warmup):
-        step(i)
-    before = TOTAL.copy()
-    start = time.perf_counter()
-    losses = [step(i) for i in range(steps)]
-    seconds = (time.perf_counter() - start) / steps
+    try:
+        for i in range(warmup):
+            step(i)
+        before = TOTAL.copy()
+        start = time.perf_counter()
+        losses = [step(i) for i in range(steps)]
+        seconds = (time.perf_counter() - start) / steps
+    finally:
+        device_eager.ENABLED = None
     d = _delta(before, TOTAL.copy())
     params = _param_bytes(model)
     per = {k: v / steps for k, v in d["by_reason"].items()}
     return {
         "workload": "train"
         + ("-keep_on_device" if keep_on_device else "")
-        + (f"-read_every_{read_every}" if read_every != 1 else ""),
+        + (f"-read_every_{read_every}" if read_every != 1 else "")
+        + (f"-eager_clip_on_{eager_ops}" if clip is not None else ""),
         "param_bytes": params,
         "h2d_per_step": d["host_to_device"] / steps,
         "d2h_per_step": d["device_to_host"] / steps,
@@ -242,7 +262,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--only",
-        choices=["train", "keep", "keep-read10", "decode", "decode-keep", "mlp"],
+        choices=[
+            "train",
+            "keep",
+            "keep-read10",
+            "keep-clip",
+            "keep-clip-host",
+            "decode",
+            "decode-keep",
+            "mlp",
+        ],
         action="append",
     )
     parser.add_argument("--steps", type=int, default=5)
@@ -251,7 +280,16 @@ def main(argv=None) -> int:
     import tpu_inductor
 
     machine = machine_info()  # before the runs, so the load average is the starting one
-    todo = args.only or ["train", "keep", "keep-read10", "decode", "decode-keep", "mlp"]
+    todo = args.only or [
+        "train",
+        "keep",
+        "keep-read10",
+        "keep-clip",
+        "keep-clip-host",
+        "decode",
+        "decode-keep",
+        "mlp",
+    ]
     results = []
     for name in todo:
         torch._dynamo.reset()
@@ -262,6 +300,9 @@ def main(argv=None) -> int:
             results.append(train(args.steps, keep_on_device=True))
         elif name == "keep-read10":
             results.append(train(max(args.steps, 10), keep_on_device=True, read_every=10))
+        elif name in ("keep-clip", "keep-clip-host"):
+            ops = "host" if name == "keep-clip-host" else "device"
+            results.append(train(args.steps, keep_on_device=True, clip=1.0, eager_ops=ops))
         elif name == "decode":
             results.append(decode())
         elif name == "decode-keep":

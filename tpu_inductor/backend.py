@@ -20,7 +20,16 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import buckets, cache, capture, custom_ops, export_cache, programs, sharding
+from tpu_inductor import (
+    buckets,
+    cache,
+    capture,
+    custom_ops,
+    export_cache,
+    hints,
+    programs,
+    sharding,
+)
 from tpu_inductor.compile_only import TargetGraph
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
@@ -80,6 +89,7 @@ def tpu_backend(
     cpu_fakes = (
         trace_meta_as_cpu(gm, example_inputs) if opts.target else check_inputs(gm, example_inputs)
     )
+    frame = hints.frame_graph(gm, example_inputs, _input_name)
     plan = opts.plan
     if plan is not None:
         device = plan.mesh.devices.flat[0]
@@ -98,7 +108,7 @@ def tpu_backend(
             if warm is not None:
                 return warm
     direct: list[CompiledGraph] = []
-    aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct)(
+    aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct, frame)(
         gm, example_inputs
     )
     del cpu_fakes
@@ -272,9 +282,12 @@ def _aot_backend(
     export_key: str | None,
     n_inputs: int,
     direct: list[CompiledGraph],
+    frame: hints.FrameGraph | None = None,
 ):
     """AOTAutograd with our compilers. An inference graph AOTAutograd passes through unchanged
-    is appended to ``direct`` (and saved for warm starts when ``export_key`` is set)."""
+    is appended to ``direct`` (and saved for warm starts when ``export_key`` is set). ``frame``:
+    the Dynamo graph's record for recompile hints (its forward's executables count its
+    calls, and name its inputs)."""
 
     forward: list[CompiledGraph] = []
 
@@ -282,6 +295,13 @@ def _aot_backend(
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             static = capture.static_input_positions() if kind != "backward" else ()
             compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
+            inner = getattr(compiled, "compiled", compiled)  # a PaddedGraph wraps one
+            exes = getattr(inner, "exes", None)
+            if kind != "backward" and frame is not None and exes is not None:
+                hints.attach(frame, exes)
+                n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
+                if n >= len(frame.names):  # effect tokens come first
+                    exes.input_names = [None] * (n - len(frame.names)) + frame.names
             if kind == "forward":
                 capture.never_donate_backward_buffers()
                 if isinstance(compiled, CompiledGraph):

@@ -14,7 +14,7 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions
 
-from tpu_inductor import custom_ops
+from tpu_inductor import custom_ops, foreach
 
 
 def decomposition_table() -> dict:
@@ -22,7 +22,8 @@ def decomposition_table() -> dict:
 
     The Core ATen decompositions, plus torch's other registered ones (``torch._decomp``:
     ``polar``, ``frexp``, ``grid_sampler_2d``, ``adaptive_max_pool2d``, ... which are not core
-    but still reach backends), so an op without a lowering is broken into ops that have one
+    but still reach backends) and ``foreach.decompositions()`` (``_foreach_*`` ops, which torch
+    leaves to Inductor), so an op without a lowering is broken into ops that have one
     before it could fall back to eager. An op with its own lowering (convolution, pooling
     windows, attention, ...) becomes one XLA op instead of a chain of small ones, so its
     decomposition is dropped, and so is that of an op with a lowering a user registered
@@ -39,6 +40,7 @@ def decomposition_table() -> dict:
 def _builtin_decomposition_table() -> dict:
     table = dict(torch._decomp.decomposition_table)
     table.update(core_aten_decompositions())
+    table.update(foreach.decompositions())  # _foreach_* ops (compiled foreach optimizers)
     for op in list(table):
         if custom_ops.builtin_lowering(op) is not None:
             del table[op]

@@ -269,6 +269,21 @@ def _target_problems(values: dict) -> list[str]:
     return problems
 
 
+EAGER_OPS = ("device", "host")
+
+
+def eager_ops() -> str:
+    """``TPU_INDUCTOR_EAGER_OPS``: where eager ops on device-owned state (``keep_on_device``)
+    run: ``"device"`` (the default: through the lowering table, see device_eager.py) or
+    ``"host"`` (sync what they read to the host and run them in torch)."""
+    raw = os.environ.get("TPU_INDUCTOR_EAGER_OPS", "").strip().lower() or "device"
+    if raw not in EAGER_OPS:
+        raise InvalidOptionError(
+            f"TPU_INDUCTOR_EAGER_OPS={raw!r}: expected one of {', '.join(EAGER_OPS)}"
+        )
+    return raw
+
+
 _logging_configured = False
 
 

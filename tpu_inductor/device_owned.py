@@ -37,7 +37,9 @@ import jax
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from tpu_inductor import device_eager
 from tpu_inductor.boundary import _BITCAST, jax_to_host
 from tpu_inductor.residency import VALUES
 from tpu_inductor.transfers import D2H, TOTAL
@@ -188,6 +190,10 @@ class DeviceTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reads = func not in _METADATA_ONLY
+        if reads:
+            out = device_eager.run(func, args, kwargs)
+            if out is not device_eager.HOST:
+                return out
 
         def inner(t):
             if reads:
@@ -195,7 +201,14 @@ class DeviceTensor(torch.Tensor):
             return t._inner
 
         args_in, kwargs_in = pytree.tree_map_only(DeviceTensor, inner, (args, kwargs))
-        out = func(*args_in, **kwargs_in)
+        if _makes_alias(func) and _plain_inner((args_in, kwargs_in)):
+            # Below autograd a view or detach gets a version counter of its own; made as above
+            # autograd, it shares its base's, so a later in-place change of either is seen
+            # through both (residency.VALUES trusts a tensor's version).
+            with device_eager.top_level_dispatch():
+                out = func(*args_in, **kwargs_in)
+        else:
+            out = func(*args_in, **kwargs_in)
         if func._schema.is_mutable:
             _bump_written(func, args, kwargs)
         return _rewrap(func, args, out)
@@ -263,6 +276,34 @@ class DeviceTensor(torch.Tensor):
         self._inner = new
 
 
+_ALIAS: dict = {}
+
+
+def _makes_alias(func) -> bool:
+    """Whether ``func`` returns a view of (or the same data as) an argument, not in place."""
+    alias = _ALIAS.get(func)
+    if alias is None:
+        returns = func._schema.returns
+        alias = bool(returns) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in returns
+        )
+        _ALIAS[func] = alias
+    return alias
+
+
+def _plain_inner(args_in) -> bool:
+    """Whether the op's tensors are real host tensors and no dispatch mode is active (then it
+    can run as outside any ``__torch_dispatch__``)."""
+    if _get_current_dispatch_mode() is not None:
+        return False
+    args, kwargs = args_in
+    for a in (*args, *kwargs.values()):
+        for t in a if isinstance(a, list | tuple) else (a,):
+            if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor:
+                return False
+    return True
+
+
 def _bump_written(func, args, kwargs) -> None:
     """Below autograd (where ``__torch_dispatch__`` runs) an in-place op bumps the version of
     the DeviceTensor it changed, not of its inner tensor; bump that too, so the device copy of
@@ -309,6 +350,10 @@ def is_owned(t) -> bool:
 
 def lazy_output(arr: jax.Array, dtype: torch.dtype) -> DeviceTensor:
     """A graph result as a DeviceTensor: nothing is copied until someone reads it."""
+    if torch.is_inference_mode_enabled():
+        # an inference tensor has no version counter, which the residency table keys on
+        with torch.inference_mode(False):
+            return lazy_output(arr, dtype)
     bits = _BITCAST.get(dtype)
     owner = np.empty(arr.shape, np.dtype(f"u{arr.dtype.itemsize}") if bits else arr.dtype)
     inner = torch.from_numpy(owner)

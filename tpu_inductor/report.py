@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tpu_inductor import cache, residency, transfers
+from tpu_inductor import cache, device_eager, residency, transfers
 from tpu_inductor.transfers import Transfers
 
 
@@ -48,6 +48,7 @@ class Report:
     device_values: int = 0
     device_value_bytes: int = 0
     resident_bytes_per_device: dict[str, int] = dataclasses.field(default_factory=dict)
+    eager_ops: device_eager.EagerStats = dataclasses.field(default_factory=device_eager.EagerStats)
 
     def __str__(self) -> str:
         lines = [
@@ -77,6 +78,13 @@ class Report:
                 f"{d} {b / 1e6:.2f}" for d, b in self.resident_bytes_per_device.items()
             )
             lines.append(f"resident MB per device: {split}")
+        e = self.eager_ops
+        if e.device or e.host:
+            lines.append(
+                f"eager ops on keep_on_device state: {e.device} on the device ({e.programs} "
+                f"programs, {e.build_seconds:.2f}s to build), {e.host} synced to the host"
+                + (f": {dict(e.host_ops.most_common(5))}" if e.host_ops else "")
+            )
         if self.fallback_ops:
             lines.append(f"ops that fell back to eager ({len(self.fallback_ops)}):")
             lines += [f"  - {op}" for op in self.fallback_ops]
@@ -92,8 +100,9 @@ def report(print_table: bool = True) -> Report:
     Returns:
         A :class:`Report`: graphs with their ops, lowering and compile times, executables per
         graph and why each was built (which input shape changed), cache hits and misses, and
-        the ops that fell back to eager, and every host <-> device crossing (``transfers``:
-        bytes and counts each way, by reason, in total and per graph).
+        the ops that fell back to eager, every host <-> device crossing (``transfers``:
+        bytes and counts each way, by reason, in total and per graph), and where eager ops on
+        ``keep_on_device`` state ran (``eager_ops``).
 
     Example:
         >>> tpu_inductor.report()  # after running a compiled model
@@ -129,6 +138,7 @@ def report(print_table: bool = True) -> Report:
         device_values=len(residency.VALUES),
         device_value_bytes=residency.VALUES.device_bytes(),
         resident_bytes_per_device=residency.VALUES.bytes_per_device(),
+        eager_ops=device_eager.STATS.copy(),
     )
     if print_table:
         print(result)

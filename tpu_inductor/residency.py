@@ -65,6 +65,13 @@ class DeviceValues:
             return None
         return arr
 
+    def owner(self, t: torch.Tensor):
+        """The object whose life the device copy of ``t`` is tied to (see :meth:`record`), if
+        the table holds a current one; else ``None``."""
+        if self.lookup(t) is None:
+            return None
+        return self._entries[t.data_ptr()][0]()
+
     def record(self, t: torch.Tensor, arr: jax.Array, owner=None) -> None:
         """``arr`` is now ``t``'s value on the device, until ``t`` changes or ``owner`` (the
         object whose life keeps ``t``'s storage alive; ``t`` itself by default) dies."""

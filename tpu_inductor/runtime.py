@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import torch
 
-from tpu_inductor import cache, device_owned
+from tpu_inductor import cache, device_owned, hints
 from tpu_inductor.boundary import (
     EFFECT_TOKEN,
     jax_to_host,
@@ -63,6 +63,7 @@ class Build:
     signature: tuple
     reason: str
     seconds: float
+    calls: int = 0  # the graph's calls (hits + misses) when it was built, this one included
 
 
 class Executables:
@@ -104,6 +105,8 @@ class Executables:
         self.evictions = 0
         self.checked: set = set()  # padded signatures already compared with an exact run
         self.padding_off = False
+        self.input_names: list | None = None  # the user's names of the graph's inputs
+        self.hinted = False  # a recompile hint was said for this graph (hints.py)
         self._lock = threading.Lock()
         n = len(lowered.input_metas)
         self._static = tuple(i + 1 for i in range(n) if i not in set(lowered.tensor_inputs))
@@ -155,6 +158,7 @@ class Executables:
                 reason,
                 self.builds[-1].seconds,
             )
+            hints.after_build(self)
             return exe
 
     def trace(self, seed, arrays: list, statics: list):
@@ -185,7 +189,7 @@ class Executables:
                 lowered.as_text(debug_info=True)  # locations: module path, op, source line
             )
             (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
-        self.builds.append(Build(signature, reason, seconds))
+        self.builds.append(Build(signature, reason, seconds, self.hits + self.misses))
         return reason
 
     def _reason(self, signature: tuple) -> str:
