@@ -78,8 +78,7 @@ def test_training_step_compiles_and_runs_nothing(target):
     # the program's ops name the torch module and the user's (here transformers') line
     ops = [op for p in report.programs for op in p.ops]
     assert any(
-        "model.layers.0.mlp" in op.scope and "modeling_llama.py" in (op.source or "")
-        for op in ops
+        "model.layers.0.mlp" in op.scope and "modeling_llama.py" in (op.source or "") for op in ops
     )
 
 
