@@ -20,7 +20,7 @@ import jax
 import torch
 import torch.fx as fx
 
-from tpu_inductor import buckets, cache, capture, custom_ops, export_cache, sharding
+from tpu_inductor import buckets, cache, capture, custom_ops, export_cache, optimizers, sharding
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.devices import compiler_options, platform_of, select_device
@@ -74,6 +74,7 @@ def tpu_backend(
     opts = parse_options(options, mode)
     configure_logging()
     check_inputs(gm, example_inputs)
+    optimizers.hint_float_hyperparameters(gm, example_inputs)
     plan = opts.plan
     device = select_device(opts.device) if plan is None else plan.mesh.devices.flat[0]
     if plan is not None:
@@ -249,6 +250,7 @@ def compile_graph(
         A boxed callable taking and returning torch tensors (saved activations of a training
         forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
+    optimizers.repair_capturable_adam(gm)  # torch's NaN at lr == 0 (optimizers.py)
     if opts.fallback == "eager" and any(
         n.op == "call_function" and not is_lowerable(n) for n in gm.graph.nodes
     ):
