@@ -101,6 +101,9 @@ class Executables:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        # Bytes of activations the last call of a training forward kept for the backward
+        # (set by CompiledGraph; report().graphs[i].saved_bytes).
+        self.saved_bytes = 0
         self.checked: set = set()  # padded signatures already compared with an exact run
         self.padding_off = False
         self._lock = threading.Lock()
@@ -418,6 +421,7 @@ class CompiledGraph:
         cross only when read (see ``device_owned.py``)."""
         handles = bool(self._saved) and not saved_tensors_hooks_active()
         result = []
+        saved_bytes = 0
         for j, (kind, k) in enumerate(self.lowered.output_plan):
             if kind == "input":
                 result.append(inputs[k])
@@ -430,6 +434,7 @@ class CompiledGraph:
                 result.append(outs[k].item())
             elif j in self._saved and isinstance(outs[k], jax.Array):
                 o = outs[k]
+                saved_bytes += o.nbytes
                 if handles:
                     h = saved_handle(o, self.lowered.output_metas[j].dtype)
                     if lazy:
@@ -441,6 +446,8 @@ class CompiledGraph:
                 result.append(lazy_output(outs[k], self.lowered.output_metas[j].dtype))
             else:
                 result.append(self._output(outs[k]))
+        if self._saved:
+            self.exes.saved_bytes = saved_bytes
         return result
 
     def _write_back(self, outs, inputs: list, lazy: bool = False) -> None:
