@@ -17,6 +17,7 @@ import types
 import torch
 
 from tpu_inductor.lowerings.registry import LOWERINGS, LoweringContext, register_lowering
+from tpu_inductor.lowerings.unsupported import REFUSED
 
 aten = torch.ops.aten
 
@@ -114,8 +115,8 @@ def _lower_foreach(name: str):
             names, el_args, el_kwargs = _element_args(schema, args, kwargs, i)
             _, el_metas, el_kw_metas = _element_args(schema, ctx.arg_metas, _kw_metas(ctx), i)
             op, k = _pick_overload(packet, names, el_metas, el_kw_metas)
-            if op is None or op not in LOWERINGS:
-                raise NotImplementedError(f"no per-element op for {ctx.node.target} element {i}")
+            if op is None or op not in LOWERINGS:  # refused up front (_no_element_op)
+                raise ValueError(f"no per-element op for {ctx.node.target} element {i}")
             el_kwargs.update(zip(names[k:], el_args[k:], strict=True))
             el_kw_metas.update(zip(names[k:], el_metas[k:], strict=True))
             view = types.SimpleNamespace(
@@ -137,6 +138,28 @@ def _lower_foreach(name: str):
         return results
 
     return lower
+
+
+def _no_element_op(node) -> str | None:
+    """Why a foreach node can't be lowered element by element (``unsupported.REFUSED``)."""
+
+    def meta(a):
+        if isinstance(a, list | tuple):
+            return [meta(x) for x in a]
+        return a.meta.get("val") if hasattr(a, "meta") else a
+
+    schema = node.target._schema
+    name = schema.name.removeprefix("aten::_foreach_")
+    packet = _ELEMENT_OP.get(name) or getattr(aten, name)
+    metas = [meta(a) for a in node.args]
+    kw = {k: meta(v) for k, v in node.kwargs.items()}
+    n = next((len(v) for a, v in zip(schema.arguments, metas, strict=False) if _is_list(a.type)), 0)
+    for i in range(n):
+        names, el_metas, el_kw = _element_args(schema, metas, kw, i)
+        op, _ = _pick_overload(packet, names, el_metas, el_kw)
+        if op is None or op not in LOWERINGS:
+            return f"no overload of aten.{name} takes element {i}'s arguments"
+    return None
 
 
 def _kw_metas(ctx) -> dict:
@@ -165,3 +188,5 @@ def register_all() -> None:
         packet = getattr(aten, f"_foreach_{name}")
         ops = [getattr(packet, o) for o in packet.overloads() if "out" not in o]
         register_lowering(*ops)(_lower_foreach(name))
+        for op in ops:
+            REFUSED[op] = _no_element_op
