@@ -190,6 +190,7 @@ def test_transformers_gradient_checkpointing_matches_eager(side_effects_in_check
     assert graphs[0][2] < plain[0][2] / 3, (graphs, plain)  # saved bytes
 
 
+@pytest.mark.slow  # ~20 s; the replayed mask is tested on small blocks above
 def test_transformers_gradient_checkpointing_with_attention_dropout(side_effects_in_checkpoint):
     model = tiny_llama("eager", attention_dropout=0.2)
     loss, grads, graphs = _llama_grads(model, True, compiled=True)

@@ -60,8 +60,16 @@ def _loop(compiled: bool, keep: bool = False, accumulate: int = 1, bf16: bool = 
     return torch.tensor(losses), [p.detach().clone() for p in model.parameters()], per_step
 
 
-@pytest.mark.parametrize("keep", [False, True], ids=["plain", "keep_on_device"])
-@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize(
+    "keep, accumulate",
+    [
+        pytest.param(False, 1, marks=pytest.mark.slow),  # ~20 s each; the others cover it
+        (False, 2),
+        (True, 1),
+        (True, 2),
+    ],
+    ids=["plain-1", "plain-2", "keep_on_device-1", "keep_on_device-2"],
+)
 def test_recommended_loop_matches_eager(keep, accumulate):
     e_losses, e_params, _ = _loop(False, accumulate=accumulate)
     losses, params, _ = _loop(True, keep=keep, accumulate=accumulate)
@@ -160,7 +168,7 @@ def _trainer_run(mode: str):
     return torch.tensor(losses), [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("mode", ["compiled", "keep"])
+@pytest.mark.parametrize("mode", [pytest.param("compiled", marks=pytest.mark.slow), "keep"])
 def test_trainer_trains_like_eager(mode):
     """Trainer with a model compiled in place (model.compile keeps the forward signature, so
     remove_unused_columns works) and a compiled opt.step with a tensor lr passed through
