@@ -437,3 +437,33 @@ def test_training_step_sends_nothing_in_steady_state():
     assert d.bytes(H2D) <= 2 * x.numel() * 4 + 64, str(d)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_lazy_call_does_not_read_host_memory_changed_after_it_returns():
+    """A keep_on_device call returns before its executable runs; an input passed by host view
+    must not be read later: changing it right after the call (a scheduler's ``lr.fill_`` after
+    ``step()``) must not change the result. Before inputs of lazy calls were copied, this
+    gave the new value in 10 calls of 10 (the graph reads ``x`` after ~40 matmuls)."""
+    import tpu_inductor
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.w = nn.Parameter(torch.randn(384, 384) / 20)
+
+        def forward(self, x):
+            h = self.w
+            for _ in range(40):
+                h = torch.tanh(h @ self.w)
+            return h.sum() * x
+
+    expected = Chain()(torch.ones(1)).detach()
+    model = tpu_inductor.keep_on_device(Chain())
+    fn = torch.compile(model, backend="tpu")
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.ones(1)
+            y = fn(x)
+            x.fill_(1000.0)
+            assert_same(y.detach(), expected, rtol=1e-4)

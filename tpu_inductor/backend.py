@@ -27,6 +27,7 @@ from tpu_inductor import (
     custom_ops,
     export_cache,
     hints,
+    optimizers,
     programs,
     sharding,
 )
@@ -90,6 +91,7 @@ def tpu_backend(
         trace_meta_as_cpu(gm, example_inputs) if opts.target else check_inputs(gm, example_inputs)
     )
     frame = hints.frame_graph(gm, example_inputs, _input_name)
+    optimizers.hint_float_hyperparameters(gm, example_inputs)
     plan = opts.plan
     if plan is not None:
         device = plan.mesh.devices.flat[0]
@@ -349,6 +351,7 @@ def compile_graph(
         A boxed callable taking and returning torch tensors (saved activations of a training
         forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
+    optimizers.repair_capturable_adam(gm)  # torch's NaN at lr == 0 (optimizers.py)
     if opts.fallback == "eager" and any(
         n.op == "call_function" and not is_lowerable(n) for n in gm.graph.nodes
     ):

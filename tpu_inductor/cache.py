@@ -99,12 +99,13 @@ def get_or_create(key: str, create: Callable[[], object]) -> object:
 
 
 def clear() -> None:
-    """Forget every cached executable, device copy, the report's history and the counters.
+    """Forget every cached executable, device copy, the report's history, the counters and
+    which hints were given.
 
     The persistent cache on disk is left alone. Exposed as ``tpu_inductor.reset()``; call
     ``torch._dynamo.reset()`` too so Dynamo drops the compiled frames that use them.
     """
-    from tpu_inductor import device_eager, hints, programs, residency, sharding, transfers
+    from tpu_inductor import device_eager, hints, optimizers, programs, residency, sharding, transfers
 
     device_eager.clear()
     hints.clear()
@@ -117,6 +118,7 @@ def clear() -> None:
         residency.VALUES.clear()
         sharding.clear()
         programs.clear()
+        optimizers.HINTED.clear()
 
 
 def enable_persistent_cache(path: str) -> None:

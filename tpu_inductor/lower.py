@@ -186,36 +186,67 @@ COPY_ = torch.ops.aten.copy_.default
 # with_effects(token, op, *args) wraps ops with side effects (e.g. linalg's error checks).
 WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
 
+# Activation checkpointing's RNG wrappers (torch/_prims/rng_prims.py). AOTAutograd
+# (partitioners.functionalize_rng_ops) wraps each random op that the backward recomputes:
+# run_and_save_rng_state(op, *args) -> (state, op(*args)) in the forward, which saves the state,
+# and run_with_rng_state(state, op, *args) -> op(*args) in the backward, which must draw the same
+# numbers (the same dropout mask). Eager's state is the CPU generator's (uint8[5056]); ours is
+# where the op's keys come from: the call's base key and the draw counter at the op, as
+# uint32[3] bytes (uint8[12]). The forward runs the op exactly as without checkpointing (its
+# draws are fold_in(base, counter), counting on), so a checkpointed graph draws the numbers the
+# plain one draws under the same seed; the backward replays fold_in(base, start + i) from the
+# saved state and draws no seed of its own.
+RUN_AND_SAVE_RNG = getattr(torch.ops.higher_order, "run_and_save_rng_state", None)
+RUN_WITH_RNG = getattr(torch.ops.higher_order, "run_with_rng_state", None)
+# wrapper -> position of the wrapped op among its arguments
+_WRAPPERS = {w: i for w, i in ((WITH_EFFECTS, 1), (RUN_AND_SAVE_RNG, 0), (RUN_WITH_RNG, 1)) if w}
+
 
 def is_lowerable(node: fx.Node) -> bool:
     """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run) that
     handles its arguments (``lowerings.unsupported.REFUSED`` says when one does not)."""
-    target = node.args[1] if node.target is WITH_EFFECTS else node.target
+    wrapped = node.target in _WRAPPERS
+    target = node.args[_WRAPPERS[node.target]] if wrapped else node.target
     if target in PYTHON_OPS or target is COPY_:
         return True
     if target not in LOWERINGS:
         return False
-    return refusal(_effect_free_view(node) if node.target is WITH_EFFECTS else node) is None
+    return refusal(_wrapped_view(node) if wrapped else node) is None
 
 
 def why_unsupported(node: fx.Node) -> str | None:
     """The reason a node is not lowered on purpose (``lowerings.unsupported``), if one is known."""
+    if node.target in _WRAPPERS:
+        view = _wrapped_view(node)
+        return refusal(view) if view.target in LOWERINGS else UNSUPPORTED.get(view.target)
     if node.target in LOWERINGS:
         return refusal(node)
     return UNSUPPORTED.get(node.target)
 
 
-def _effect_free_view(node: fx.Node) -> Any:
-    """What the wrapped op's lowering sees of a with_effects node: its own target, arguments
-    and output spec, without the effect token."""
+def _wrapped_view(node: fx.Node) -> Any:
+    """What the wrapped op's lowering sees of a with_effects or RNG-state node: its own
+    target, arguments and output spec, without the effect token or the RNG state."""
+    start = _WRAPPERS[node.target]
+    op, args = node.args[start], node.args[start + 1 :]
     val = node.meta.get("val")
+    if node.target is WITH_EFFECTS:
+        val = val[1] if isinstance(val, tuple | list) else None
+    else:  # the RNG wrappers carry no spec of their own: the op's, from fake tensors
+        val = _fake_result(op, args, node.kwargs)
     return types.SimpleNamespace(
-        target=node.args[1],
-        args=node.args[2:],
-        kwargs=node.kwargs,
-        name=node.name,
-        meta={**node.meta, "val": val[1] if isinstance(val, tuple | list) else None},
+        target=op, args=args, kwargs=node.kwargs, name=node.name, meta={**node.meta, "val": val}
     )
+
+
+def _fake_result(op, args, kwargs):
+    metas, kw = _meta_of(args), _meta_of(kwargs)
+    flat = [m for m in torch.utils._pytree.tree_leaves((metas, kw)) if isinstance(m, torch.Tensor)]
+    mode = torch._guards.detect_fake_mode(flat)
+    if mode is None:
+        return None
+    with mode:
+        return op(*metas, **kw)
 
 
 def check_supported(gm: fx.GraphModule) -> None:
@@ -335,8 +366,8 @@ def lower_graph(
         if n.op == "call_function" and n.target in LOWERINGS
     }
     for n in nodes:
-        if n.op == "call_function" and n.target is WITH_EFFECTS:
-            view = _effect_free_view(n)
+        if n.op == "call_function" and n.target in _WRAPPERS:
+            view = _wrapped_view(n)
             contexts[n] = LoweringContext(
                 view, jax_precision, tuple(_meta_of(a) for a in view.args), platform=platform
             )
@@ -351,7 +382,11 @@ def lower_graph(
         for ctx in contexts.values():
             ctx.bindings = bindings
         base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
-        counter = iter(range(1 << 30))
+        counter = [0]  # the next random draw's number
+
+        def draw():
+            counter[0] += 1
+            return jax.random.fold_in(base_key, counter[0] - 1)
 
         def load(a):
             return map_arg(a, env.__getitem__)
@@ -372,7 +407,7 @@ def lower_graph(
                 continue
             ctx = contexts[node]
             if has_rng:
-                ctx.make_key = lambda: jax.random.fold_in(base_key, next(counter))
+                ctx.make_key = draw
             try:
                 if node in host_eval:
                     with jax.ensure_compile_time_eval():
@@ -380,6 +415,14 @@ def lower_graph(
                 elif node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
                     with provenance(node):
                         value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
+                elif node.target is RUN_AND_SAVE_RNG:  # saves where its draws start
+                    state = _rng_state(seed, counter[0])
+                    with provenance(node):
+                        value = (state, LOWERINGS[args[0]](ctx, args[1:], kwargs))
+                elif node.target is RUN_WITH_RNG:  # replays the forward's draws
+                    ctx.make_key = _replay(args[0])
+                    with provenance(node):
+                        value = LOWERINGS[args[1]](ctx, args[2:], kwargs)
                 else:
                     with provenance(node):
                         value = LOWERINGS[node.target](ctx, args, kwargs)
@@ -514,5 +557,23 @@ def _constant(value):
 
 
 def _is_random(target) -> bool:
+    if target is RUN_AND_SAVE_RNG:  # its key is drawn from the call's seed
+        return True
     low = LOWERINGS.get(target)
     return low is not None and low.random
+
+
+def _rng_state(seed, start: int) -> jax.Array:
+    """The RNG state ``run_and_save_rng_state`` returns: the call's seed (uint32[2]) and the
+    number of the op's first draw, as uint8[12]."""
+    words = jnp.concatenate([jnp.asarray(seed, jnp.uint32), jnp.full((1,), start, jnp.uint32)])
+    return lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)
+
+
+def _replay(state) -> Callable[[], jax.Array]:
+    """``ctx.make_key`` replaying the draws a :func:`_rng_state` state starts: the i-th is
+    ``fold_in(base, start + i)``, as in the forward."""
+    words = lax.bitcast_convert_type(state.reshape(-1, 4), jnp.uint32)
+    base = jax.random.wrap_key_data(words[:2], impl="threefry2x32")
+    draws = iter(range(1 << 30))
+    return lambda: jax.random.fold_in(base, words[2] + next(draws))

@@ -21,6 +21,9 @@ class GraphReport:
         builds: ``(reason, seconds)`` for every executable built, oldest first.
         hits / misses / evictions: executable cache look-ups for this graph.
         transfers: this graph's host <-> device crossings (see ``tpu_inductor.transfers``).
+        saved_bytes: for a training forward, the bytes of the activations its last call kept
+            on the device for the backward (values it computed; inputs saved as they are,
+            such as parameters, are not counted). Activation checkpointing lowers it.
     """
 
     name: str
@@ -33,6 +36,7 @@ class GraphReport:
     misses: int
     evictions: int
     transfers: Transfers = dataclasses.field(default_factory=Transfers)
+    saved_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -56,7 +60,7 @@ class Report:
             f"({self.graphs_handed_over} handed over by AOTAutograd, "
             f"{self.graph_cache_hits} reused from the graph cache), {self.traces} trace(s)",
             f"{'graph':<24} {'ops':>5} {'lower s':>8} {'execs':>6} {'hits':>7} {'misses':>7}"
-            f" {'compile s':>10} {'H2D MB':>8} {'D2H MB':>8}",
+            f" {'compile s':>10} {'H2D MB':>8} {'D2H MB':>8} {'saved MB':>9}",
         ]
         for g in self.graphs:
             compile_s = sum(s for _, s in g.builds)
@@ -64,7 +68,8 @@ class Report:
                 f"{g.name:<24} {g.nodes:>5} {g.lower_seconds:>8.3f} {g.executables:>6} "
                 f"{g.hits:>7} {g.misses:>7} {compile_s:>10.2f} "
                 f"{g.transfers.host_to_device_bytes / 1e6:>8.3f} "
-                f"{g.transfers.device_to_host_bytes / 1e6:>8.3f}"
+                f"{g.transfers.device_to_host_bytes / 1e6:>8.3f} "
+                f"{g.saved_bytes / 1e6:>9.3f}"
             )
             for i, (reason, seconds) in enumerate(g.builds):
                 lines.append(f"    executable {i}: {seconds:.2f}s  {reason}")
@@ -126,6 +131,7 @@ def report(print_table: bool = True) -> Report:
                 misses=exes.misses,
                 evictions=exes.evictions,
                 transfers=exes.transfers.totals.copy(),
+                saved_bytes=exes.saved_bytes,
             )
         )
     result = Report(

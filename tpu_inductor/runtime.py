@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import pathlib
 import threading
@@ -103,6 +104,9 @@ class Executables:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        # Bytes of activations the last call of a training forward kept for the backward
+        # (set by CompiledGraph; report().graphs[i].saved_bytes).
+        self.saved_bytes = 0
         self.checked: set = set()  # padded signatures already compared with an exact run
         self.padding_off = False
         self.input_names: list | None = None  # the user's names of the graph's inputs
@@ -334,8 +338,9 @@ class CompiledGraph:
         AOTAutograd's runtime wrapper (see ``capture.passes_through``)."""
         return self(list(args))
 
-    def _input(self, i: int, t):
-        """Graph input ``i`` as an array the executable takes (see the class docstring)."""
+    def _input(self, i: int, t, private: bool = False):
+        """Graph input ``i`` as an array the executable takes (see the class docstring);
+        ``private``: never an alias of host memory (see ``device_input``)."""
         if t is None:
             return EFFECT_TOKEN  # AOTAutograd passes None for an effect token (float32[0])
         if type(t) is DeviceTensor:  # an output of ours autograd saved for the backward
@@ -359,6 +364,7 @@ class CompiledGraph:
             # AOTAutograd bumps a DeviceTensor's own version, not its inner tensor's
             bumped=i in self._bumped and not is_owned(t),
             plan=self.plan,
+            private=private,
         )
 
     def _output(self, arr) -> torch.Tensor | None:
@@ -373,7 +379,9 @@ class CompiledGraph:
         inputs = args if self._plain and not lazy else list(args)
         with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
             exe = self._static_exe
-            get = self._input
+            # A lazy call returns before the executable has run: it must not read host memory
+            # that eager code may change meanwhile (see device_input's ``private``).
+            get = functools.partial(self._input, private=True) if lazy else self._input
             if exe is not None:
                 if self._lookup_first:  # parameters first: their device copies, one call each
                     lookup = VALUES.lookup
@@ -436,6 +444,7 @@ class CompiledGraph:
         cross only when read (see ``device_owned.py``)."""
         handles = bool(self._saved) and not saved_tensors_hooks_active()
         result = []
+        saved_bytes = 0
         for j, (kind, k) in enumerate(self.lowered.output_plan):
             if kind == "input":
                 result.append(inputs[k])
@@ -448,6 +457,7 @@ class CompiledGraph:
                 result.append(outs[k].item())
             elif j in self._saved and isinstance(outs[k], jax.Array):
                 o = outs[k]
+                saved_bytes += o.nbytes
                 if handles:
                     h = saved_handle(o, self.lowered.output_metas[j].dtype)
                     if lazy:
@@ -459,6 +469,8 @@ class CompiledGraph:
                 result.append(lazy_output(outs[k], self.lowered.output_metas[j].dtype))
             else:
                 result.append(self._output(outs[k]))
+        if self._saved:
+            self.exes.saved_bytes = saved_bytes
         return result
 
     def _write_back(self, outs, inputs: list, lazy: bool = False) -> None:
@@ -500,16 +512,32 @@ def device_input(
     keep: bool = False,
     bumped: bool = False,
     plan=None,
+    private: bool = False,
 ):
     """What an executable takes for host tensor ``t`` (graph input ``i``): its device copy when
     ``residency.VALUES`` has a current one (nothing crosses); else, for a parameter or buffer
     (``resident``) or a value needed again (``keep``), an import that is recorded; else a
     zero-copy numpy view the executable copies in. ``bumped``: see ``DeviceValues.lookup``.
-    Under a sharding ``plan`` every input is placed on the mesh (see ``sharding.py``)."""
+    Under a sharding ``plan`` every input is placed on the mesh (see ``sharding.py``).
+
+    ``private``: the value is copied on the host now instead of aliased. JAX reads a numpy
+    view or a DLPack import whenever the executable runs, and on CPU keeps aliasing it;
+    a call that returns before its executable has run (keep_on_device's lazy calls) would
+    otherwise compute with whatever eager code writes there meanwhile (a scheduler's
+    ``lr.fill_`` right after ``step()``: wrong updates, in 2 runs of 6 before this copy)."""
     arr = VALUES.lookup(t, bumped)
     if arr is not None:
         return arr
     device_owned.sync(t)  # a device-owned value whose device copy is gone: its host copy first
+    if private and plan is None:
+        arr = jax.device_put(tensor_to_host(t).copy(), device)
+        if resident or keep or is_owned(t):
+            VALUES.record(t, arr)
+            reason = "resident" if resident else "input"
+            counter.add(H2D, reason, nbytes(t), f"input {i} ({_fmt_tensor(t)})")
+        else:
+            counter.add(H2D, "input", nbytes(t))
+        return arr
     if plan is not None:
         arr = plan.put(t, tensor_to_host(t))
         sent = sum(s.data.size for s in arr.addressable_shards) * arr.dtype.itemsize
