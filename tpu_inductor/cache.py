@@ -105,7 +105,15 @@ def clear() -> None:
     The persistent cache on disk is left alone. Exposed as ``tpu_inductor.reset()``; call
     ``torch._dynamo.reset()`` too so Dynamo drops the compiled frames that use them.
     """
-    from tpu_inductor import device_eager, hints, optimizers, programs, residency, sharding, transfers
+    from tpu_inductor import (
+        device_eager,
+        hints,
+        optimizers,
+        programs,
+        residency,
+        sharding,
+        transfers,
+    )
 
     device_eager.clear()
     hints.clear()
