@@ -4,13 +4,10 @@ foreach optimizers are lowered whole."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-import torch.nn as nn
 
-import tpu_inductor
+from tests.helpers import assert_same
 
 SHAPES = [(3, 4), (5,), (2, 2, 3)]
 
@@ -81,25 +78,64 @@ def test_grad_scaler_unscale_matches_eager(dtype, bad):
     assert float(got[1]) == (0.0 if bad is None else 1.0)
 
 
-@pytest.mark.parametrize(
-    "opt_cls, kwargs",
-    [(torch.optim.AdamW, {}), (torch.optim.SGD, {"momentum": 0.9}), (torch.optim.Adam, {})],
-)
-def test_compiled_foreach_optimizer_is_lowered_whole(opt_cls, kwargs):
+# Every foreach optimizer step, clip_grad_norm_ and zero_grad(set_to_none=False) compiled with
+# fallback='error' against CPU eager.
+OPTIMIZERS = [
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "ASGD",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "SGD",
+]
+
+
+def _params():
     torch.manual_seed(0)
-    ref, dev = nn.Linear(8, 4), nn.Linear(8, 4)
-    dev.load_state_dict(ref.state_dict())
-    ref_opt = opt_cls(ref.parameters(), lr=1e-2, foreach=True, **kwargs)
-    opt = opt_cls(dev.parameters(), lr=1e-2, foreach=True, **kwargs)
-    step = torch.compile(opt.step, backend="tpu")
-    x = torch.randn(4, 8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tpu_inductor.FallbackWarning)
-        for _ in range(3):
-            for m, o, s in ((ref, ref_opt, ref_opt.step), (dev, opt, step)):
-                o.zero_grad()
-                m(x).square().mean().backward()
-                s()
-    assert not tpu_inductor.report(print_table=False).fallback_ops
-    for a, b in zip(ref.parameters(), dev.parameters(), strict=True):
-        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    return [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(3))]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_foreach_optimizer_step_matches_eager(name):
+    kw = {"momentum": 0.9} if name == "SGD" else {}
+    results = []
+    for compiled in (False, True):
+        params = _params()
+        opt = getattr(torch.optim, name)(params, lr=0.01, foreach=True, **kw)
+        step = opt.step
+        if compiled:
+            step = torch.compile(opt.step, backend="tpu", options={"fallback": "error"})
+        for i in range(3):
+            g = torch.Generator().manual_seed(i)
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g)
+            step()
+        results.append([p.detach().clone() for p in params])
+    assert_same(results[1], results[0], what=f"{name} params")
+
+
+def test_clip_grad_norm_and_zero_grad_compile():
+    """clip_grad_norm_ takes the foreach path (_foreach_norm, _foreach_mul_) for plain CPU
+    tensors; zero_grad(set_to_none=False) is _foreach_zero_."""
+
+    def clip(params):
+        return torch.nn.utils.clip_grad_norm_(params, 0.5)
+
+    def zero(params):
+        torch.optim.SGD(params, lr=0.1).zero_grad(set_to_none=False)
+
+    expected, actual = _params(), _params()
+    for ps in (expected, actual):
+        for i, p in enumerate(ps):
+            p.grad = torch.full(p.shape, float(i + 1))
+    norm = clip(expected)
+    got = torch.compile(clip, backend="tpu", options={"fallback": "error"})(actual)
+    assert_same(got, norm)
+    assert_same([p.grad for p in actual], [p.grad for p in expected], what="clipped grads")
+    torch.compile(zero, backend="tpu", options={"fallback": "error"})(actual)
+    assert all(p.grad is not None and not p.grad.any() for p in actual)

@@ -19,6 +19,10 @@ aten = torch.ops.aten
 # _foreach_<name> whose per-element op is not aten.<name>.
 _RENAMED = {"norm": "linalg_vector_norm", "zero": "zeros_like"}
 
+# Per-element ops with no overload for a number in the element's second place: the op that
+# means the same for one (``_foreach_maximum(xs, 1.0)``: ASGD's eta update).
+_WITH_NUMBER = {"maximum": aten.clamp_min, "minimum": aten.clamp_max}
+
 # Per-element ops taking as a keyword what the foreach op takes positionally.
 _AS_KEYWORD = {"addcmul": {3: "value"}, "addcdiv": {3: "value"}}
 
@@ -62,7 +66,10 @@ def _decomposition(op: torch._ops.OpOverload):
                     kw[arg_name] = v
                 else:
                     pos.append(v)
-            out.append(base(*pos, **kw))
+            op_i = base
+            if name in _WITH_NUMBER and len(pos) > 1 and not isinstance(pos[1], torch.Tensor):
+                op_i = _WITH_NUMBER[name]
+            out.append(op_i(*pos, **kw))
         return out
 
     return decompose

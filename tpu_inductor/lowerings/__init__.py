@@ -9,7 +9,6 @@ from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its f
     factorizations,
     fft,
     flex_attention,
-    foreach,
     grouped,
     indexing,
     linalg,
@@ -24,6 +23,5 @@ from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its f
 )
 from tpu_inductor.lowerings.registry import LOWERINGS, LoweringContext, register_lowering
 
-foreach.register_all()  # after every family: each foreach op maps onto its per-element op
 
 __all__ = ["LOWERINGS", "LoweringContext", "register_lowering"]
