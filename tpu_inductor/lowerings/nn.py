@@ -53,6 +53,35 @@ def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
 
 
+# aten::nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight,
+#   int reduction, SymInt ignore_index, Tensor total_weight) -> Tensor
+# (aten::nll_loss2d_backward has the same schema, with spatial dimensions after the classes.)
+@register_lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(
+    ctx, grad_output, self, target, weight, reduction, ignore_index, total_weight
+):
+    # NOTE: torch's decomposition scatters -1 into a zeroed [N, classes] buffer; this is the same
+    # numbers as a comparison with the class index, which XLA fuses into what reads the gradient
+    # (the log-softmax backward), so no vocabulary-sized buffer is written for it.
+    channel_dim = 0 if self.ndim < 2 else 1
+    g = grad_output
+    if reduction == 1:  # mean
+        g = g / total_weight
+    if self.ndim == 1 and target.ndim > 0:
+        target = target[0]  # torch's kernel reads only target[0] without a batch dimension
+    target = jnp.expand_dims(target, channel_dim)
+    if self.ndim > g.ndim > 0:
+        g = jnp.expand_dims(g, channel_dim)
+    if weight is not None:
+        shape = [1] * self.ndim
+        shape[channel_dim] = weight.shape[0]
+        g = g * weight.reshape(shape)
+    g = jnp.where(target != ignore_index, g, 0)
+    onehot = lax.broadcasted_iota(target.dtype, self.shape, channel_dim) == target
+    dtype = ctx.out_dtype()
+    return (jnp.where(onehot, -1, 0).astype(dtype) * g).astype(dtype)
+
+
 # --- 2. layer norm --------------------------------------------------------------------------------
 
 
