@@ -6,6 +6,7 @@ Half-precision inputs compute statistics in float32, like torch's CPU kernels.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -691,9 +692,45 @@ def sdpa_flash_cpu_backward(
     attn_mask=None,
     scale=None,
 ):
-    f = lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale, ctx.precision)[0]
-    _, vjp = jax.vjp(f, query, key, value)
-    return vjp(grad_out.astype(query.dtype))
+    if query.ndim != 4:
+        f = lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale, ctx.precision)[0]
+        _, vjp = jax.vjp(f, query, key, value)
+        return vjp(grad_out.astype(query.dtype))
+    grads = attention_backward(
+        grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale, ctx.precision
+    )
+    return tuple(g.astype(ctx.out_dtype(i)) for i, g in enumerate(grads))
+
+
+def attention_backward(dout, q, k, v, out, lse, attn_mask, is_causal, scale, precision):
+    """Gradients of :func:`attention` for ``[B, H, L, E]`` inputs from its saved output and
+    logsumexp, as torch's CPU flash kernel computes them: the probabilities are recomputed from
+    Q K^T and the logsumexp (one score-sized matmul) instead of differentiating the forward
+    again, and grouped heads stay grouped (the key/value gradients sum over each group inside
+    the matmuls)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    B, H, L, E = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    q_, dout_, out_ = (t.reshape(B, Hkv, G, L, t.shape[-1]) for t in (q, dout, out))
+    lse_ = lse.reshape(B, Hkv, G, L).astype(jnp.float32)
+    mask = _grouped_mask(attn_mask, 5, H, Hkv)
+    acc = accumulate_in(q.dtype, k.dtype)
+    dot = functools.partial(jnp.einsum, precision=precision, preferred_element_type=acc)
+    s = dot("bhgle,bhse->bhgls", q_, k) * scale
+    if is_causal:
+        s = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), s, -jnp.inf)
+    if mask is not None:
+        s = jnp.where(mask, s, -jnp.inf) if mask.dtype == jnp.bool_ else s + upcast(mask)
+    # Rows that saw nothing have a logsumexp of -inf and no gradient.
+    p = jnp.exp(s - jnp.where(jnp.isfinite(lse_), lse_, 0)[..., None])
+    dv = dot("bhgls,bhgle->bhse", p.astype(dout.dtype), dout_)
+    dp = dot("bhgle,bhse->bhgls", dout_, v)
+    d = jnp.sum(upcast(dout_) * upcast(out_), axis=-1, keepdims=True)
+    ds = (p * (dp - d)).astype(q.dtype)
+    dq = dot("bhgls,bhse->bhgle", ds, k) * scale
+    dk = dot("bhgls,bhgle->bhse", ds, q_) * scale
+    return dq.reshape(q.shape), dk, dv
 
 
 # --- 10. nn.TransformerEncoderLayer's fast path ---------------------------------------------------
