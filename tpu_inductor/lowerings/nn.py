@@ -6,7 +6,6 @@ Half-precision inputs compute statistics in float32, like torch's CPU kernels.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -605,8 +604,13 @@ _register_linear_cross_entropy()
 # --- 9. scaled dot-product attention --------------------------------------------------------------
 
 
-def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None):
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None, platform=None):
     """Scaled dot-product attention (math form) returning output and float32 logsumexp.
+
+    With heads (``[..., H, L, E]``), the matmuls run over ``[..., L, heads, E]`` views: attention
+    code makes its ``[.., H, L, E]`` tensors as ``linear(x).view(.., L, H, E).transpose(1, 2)``,
+    so XLA cancels that transpose against this one, and the output transposed back by the caller
+    cancels too; without it, the head split below would copy transposed Q, K, V and outputs.
 
     Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
     accept) groups the query heads by key/value head instead of repeating the key/value heads:
@@ -617,19 +621,70 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=No
     float32, and its (unnormalized) probabilities go back to the input dtype for ``P @ V``, as
     torch's CPU flash kernel does, so no float32 copy of Q, K, V or P is made (bfloat16: mean
     error against torch's kernel 3e-5, against 1.6e-4 with float32 probabilities).
+    ``platform`` is the device it compiles for (:func:`_matmul`).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     L, S = q.shape[-2], k.shape[-2]
-    grouped = q.ndim >= 3 and k.shape[-3] != q.shape[-3]
-    if grouped:
+    headed = q.ndim >= 3
+    if headed:
         heads, kv_heads = q.shape[-3], k.shape[-3]
-        q = q.reshape(*q.shape[:-3], kv_heads, heads // kv_heads, L, q.shape[-1])
+        q = _token_major(q, kv_heads)  # [..., L, kv_heads, group, E]
+        k, v = jnp.swapaxes(k, -3, -2), jnp.swapaxes(v, -3, -2)  # [..., S, kv_heads, E]
         attn_mask = _grouped_mask(attn_mask, q.ndim, heads, kv_heads)
-        qk, pv = "...hgle,...hse->...hgls", "...hgls,...hse->...hgle"
+        qk, pv = "...lhge,...she->...hgls", "...hgls,...she->...lhge"
     else:
         qk, pv = "...le,...se->...ls", "...ls,...se->...le"
-    acc = accumulate_in(q.dtype, k.dtype)
-    s = jnp.einsum(qk, q, k, precision=precision, preferred_element_type=acc) * scale
+    dot = _matmul(precision, platform, q.dtype, k.dtype)
+    s = _mask_scores(dot(qk, q, k) * scale, attn_mask, is_causal, L, S)
+    # Unnormalized probabilities (rows shifted by their max), normalized after P @ V, as torch's
+    # CPU flash kernel computes; rows that see nothing give 0 and a logsumexp of -inf.
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
+    e = jnp.exp(s - m)
+    z = jnp.sum(e, axis=-1, keepdims=True)
+    out = dot(pv, e.astype(v.dtype), v)
+    lse = (m + jnp.log(z))[..., 0]
+    if headed:  # out [..., L, kv_heads, group, E]; z and lse [..., kv_heads, group, L]
+        z = jnp.moveaxis(z[..., 0], -1, -3)[..., None]
+        out = _head_major(out / jnp.where(z == 0, 1, z), heads)
+        lse = lse.reshape(*lse.shape[:-3], heads, L)
+    else:
+        out = out / jnp.where(z == 0, 1, z)
+    return out.astype(q.dtype), lse.astype(jnp.float32)
+
+
+def _matmul(precision, platform: str | None, *dtypes):
+    """``einsum(subscripts, a, b)`` for attention: half-precision operands accumulate in float32.
+
+    NOTE: XLA:CPU (jaxlib 0.10) has no kernel for some bf16 x bf16 -> f32 dots, depending on the
+    layouts it picks ("Unsupported element type for DotThunk"), so for the CPU (or an unknown
+    platform) half-precision operands are converted to float32 first. That is exact (products of
+    bf16 values are exact in float32): the same numbers as a bf16 dot accumulating in float32.
+    """
+    acc = accumulate_in(*dtypes)
+    widen = acc is not None and platform in (None, "cpu")
+
+    def dot(subscripts, a, b):
+        if widen:
+            a, b = upcast(a), upcast(b)
+        return jnp.einsum(subscripts, a, b, precision=precision, preferred_element_type=acc)
+
+    return dot
+
+
+def _token_major(x, kv_heads: int):
+    """``[..., H, L, E]`` -> ``[..., L, kv_heads, H // kv_heads, E]``."""
+    *batch, heads, length, dim = x.shape
+    return jnp.swapaxes(x, -3, -2).reshape(*batch, length, kv_heads, heads // kv_heads, dim)
+
+
+def _head_major(x, heads: int):
+    """``[..., L, kv_heads, group, E]`` -> ``[..., H, L, E]``."""
+    *batch, length, _, _, dim = x.shape
+    return jnp.swapaxes(x.reshape(*batch, length, heads, dim), -3, -2)
+
+
+def _mask_scores(s, attn_mask, is_causal: bool, L: int, S: int):
     if is_causal:
         s = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), s, -jnp.inf)
     if attn_mask is not None:
@@ -637,19 +692,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=No
             s = jnp.where(attn_mask, s, -jnp.inf)
         else:
             s = s + upcast(attn_mask)
-    # Unnormalized probabilities (rows shifted by their max), normalized after P @ V, as torch's
-    # CPU flash kernel computes; rows that see nothing give 0 and a logsumexp of -inf.
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
-    e = jnp.exp(s - m)
-    z = jnp.sum(e, axis=-1, keepdims=True)
-    out = jnp.einsum(pv, e.astype(v.dtype), v, precision=precision, preferred_element_type=acc)
-    out = out / jnp.where(z == 0, 1, z)
-    lse = (m + jnp.log(z))[..., 0]
-    if grouped:
-        out = out.reshape(*out.shape[:-4], heads, L, out.shape[-1])
-        lse = lse.reshape(*lse.shape[:-3], heads, L)
-    return out.astype(q.dtype), lse.astype(jnp.float32)
+    return s
 
 
 def _grouped_mask(mask, ndim: int, heads: int, kv_heads: int):
@@ -671,7 +714,9 @@ def sdpa_flash_cpu(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None
 ):
     # NOTE: dropout_p > 0 is refused at registration (unsupported.REFUSED): eager runs it.
-    out, lse = attention(query, key, value, attn_mask, is_causal, scale, ctx.precision)
+    out, lse = attention(
+        query, key, value, attn_mask, is_causal, scale, ctx.precision, ctx.platform
+    )
     return out, lse.astype(ctx.out_dtype(1))
 
 
@@ -693,44 +738,54 @@ def sdpa_flash_cpu_backward(
     scale=None,
 ):
     if query.ndim != 4:
-        f = lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale, ctx.precision)[0]
+        f = lambda q, k, v: attention(  # noqa: E731
+            q, k, v, attn_mask, is_causal, scale, ctx.precision, ctx.platform
+        )[0]
         _, vjp = jax.vjp(f, query, key, value)
         return vjp(grad_out.astype(query.dtype))
     grads = attention_backward(
-        grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale, ctx.precision
+        grad_out,
+        query,
+        key,
+        value,
+        out,
+        logsumexp,
+        attn_mask,
+        is_causal,
+        scale,
+        ctx.precision,
+        ctx.platform,
     )
     return tuple(g.astype(ctx.out_dtype(i)) for i, g in enumerate(grads))
 
 
-def attention_backward(dout, q, k, v, out, lse, attn_mask, is_causal, scale, precision):
+def attention_backward(
+    dout, q, k, v, out, lse, attn_mask, is_causal, scale, precision, platform=None
+):
     """Gradients of :func:`attention` for ``[B, H, L, E]`` inputs from its saved output and
     logsumexp, as torch's CPU flash kernel computes them: the probabilities are recomputed from
     Q K^T and the logsumexp (one score-sized matmul) instead of differentiating the forward
-    again, and grouped heads stay grouped (the key/value gradients sum over each group inside
-    the matmuls)."""
+    again. Grouped heads stay grouped (the key/value gradients sum over each group inside the
+    matmuls), and the matmuls run over ``[B, L, heads, E]`` views as in :func:`attention`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     B, H, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
-    q_, dout_, out_ = (t.reshape(B, Hkv, G, L, t.shape[-1]) for t in (q, dout, out))
+    q_, dout_, out_ = (_token_major(t, Hkv) for t in (q, dout, out))  # [B, L, Hkv, G, E]
+    k_, v_ = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, S, Hkv, E]
     lse_ = lse.reshape(B, Hkv, G, L).astype(jnp.float32)
     mask = _grouped_mask(attn_mask, 5, H, Hkv)
-    acc = accumulate_in(q.dtype, k.dtype)
-    dot = functools.partial(jnp.einsum, precision=precision, preferred_element_type=acc)
-    s = dot("bhgle,bhse->bhgls", q_, k) * scale
-    if is_causal:
-        s = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), s, -jnp.inf)
-    if mask is not None:
-        s = jnp.where(mask, s, -jnp.inf) if mask.dtype == jnp.bool_ else s + upcast(mask)
+    dot = _matmul(precision, platform, q.dtype, k.dtype)
+    s = _mask_scores(dot("blhge,bshe->bhgls", q_, k_) * scale, mask, is_causal, L, S)
     # Rows that saw nothing have a logsumexp of -inf and no gradient.
     p = jnp.exp(s - jnp.where(jnp.isfinite(lse_), lse_, 0)[..., None])
-    dv = dot("bhgls,bhgle->bhse", p.astype(dout.dtype), dout_)
-    dp = dot("bhgle,bhse->bhgls", dout_, v)
-    d = jnp.sum(upcast(dout_) * upcast(out_), axis=-1, keepdims=True)
-    ds = (p * (dp - d)).astype(q.dtype)
-    dq = dot("bhgls,bhse->bhgle", ds, k) * scale
-    dk = dot("bhgls,bhgle->bhse", ds, q_) * scale
-    return dq.reshape(q.shape), dk, dv
+    dv = dot("bhgls,blhge->bshe", p.astype(dout.dtype), dout_)
+    dp = dot("blhge,bshe->bhgls", dout_, v_)
+    d = jnp.sum(upcast(dout_) * upcast(out_), axis=-1)  # [B, L, Hkv, G]
+    ds = (p * (dp - jnp.moveaxis(d, 1, -1)[..., None])).astype(q.dtype)
+    dq = dot("bhgls,bshe->blhge", ds, k_) * scale
+    dk = dot("bhgls,blhge->bshe", ds, q_) * scale
+    return _head_major(dq, H), jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
 
 
 # --- 10. nn.TransformerEncoderLayer's fast path ---------------------------------------------------
@@ -779,7 +834,7 @@ def transformer_encoder_layer_fwd(
             else:  # (L, S) or (B, H, L, S)
                 m = mask
             m = ~m if m.dtype == jnp.bool_ else m
-        o, _ = attention(q, k, v, m, False, None, prec)
+        o, _ = attention(q, k, v, m, False, None, prec, ctx.platform)
         return lin(o.transpose(0, 2, 1, 3).reshape(B, L, E), proj_weight, proj_bias)
 
     act = (lambda h: jax.nn.gelu(h, approximate=False)) if use_gelu else jax.nn.relu
