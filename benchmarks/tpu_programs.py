@@ -42,11 +42,40 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
-FULL = dict(hidden=512, intermediate=1408, layers=4, heads=8, kv_heads=2, vocab=8000)
-SMALL = dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256)
-FULL_BATCH, SMALL_BATCH = (4, 256), (2, 32)
+# Per model: sizes (full, small) and the batch (full, small): token ids [batch, seq] for the Llama,
+# images [batch, 3, size, size] for the ViT (sizes["image"]).
+SIZES = {
+    "llama": (
+        dict(hidden=512, intermediate=1408, layers=4, heads=8, kv_heads=2, vocab=8000),
+        dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256),
+    ),
+    "vit": (
+        dict(hidden=384, intermediate=1536, layers=4, heads=6, image=224, patch=16, labels=1000),
+        dict(hidden=32, intermediate=64, layers=2, heads=4, image=16, patch=4, labels=10),
+    ),
+}
+BATCH = {"llama": ((4, 256), (2, 32)), "vit": ((8,), (2,))}
 
-WORKLOADS = ("train-f32", "train-bf16", "infer-f32", "infer-bf16")
+WORKLOADS = (
+    "train-f32",
+    "train-bf16",
+    "infer-f32",
+    "infer-bf16",
+    "vit-train-f32",
+    "vit-train-bf16",
+)
+
+
+def parse_workload(workload: str) -> tuple[str, str, str]:
+    """``"[model-]kind-dtype"`` -> (model, kind, dtype); the model defaults to the Llama."""
+    parts = workload.split("-")
+    model = parts[0] if len(parts) == 3 else "llama"
+    kind, dtype = parts[-2:]
+    if model not in SIZES or kind not in ("train", "infer") or dtype not in ("f32", "bf16"):
+        raise ValueError(f"unknown workload {workload!r}")
+    return model, kind, dtype
+
+
 CONTENDERS = ("hand", "ours-3prog", "ours-1prog")
 
 
@@ -132,15 +161,22 @@ def hlo_summary(text: str) -> dict[str, Any]:
     return {"ops": dict(sorted(ops.items())), "copy_bytes": copy_bytes}
 
 
+SAVE_HLO: Path | None = None  # --save-hlo: write each program's optimized HLO there
+
+
 def analyze(compiled, compile_cpu_s: float, compile_wall_s: float, trace_s: float) -> dict:
     """XLA's figures for one compiled program."""
+    text = compiled.as_text()
+    if SAVE_HLO is not None:
+        SAVE_HLO.mkdir(parents=True, exist_ok=True)
+        (SAVE_HLO / f"program{len(list(SAVE_HLO.iterdir()))}.hlo.txt").write_text(text)
     cost = compiled.cost_analysis()
     if isinstance(cost, list):  # older jaxlibs: one dict per partition
         cost = cost[0]
     mem = compiled.memory_analysis()
     args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
     alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
-    summary = hlo_summary(compiled.as_text())
+    summary = hlo_summary(text)
     return {
         "bytes": float(cost.get("bytes accessed", 0.0)),
         "flops": float(cost.get("flops", 0.0)),
@@ -173,28 +209,33 @@ def compile_jitted(jitted, args, options: dict | None = None):
 # hand: the hand-written JAX programs
 
 
-def run_hand(workload: str, sizes: dict, batch: tuple[int, int], target: Target) -> dict:
+def run_hand(workload: str, small: bool, target: Target) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import hand_llama as H
+    from benchmarks import hand_llama, hand_vit
 
-    kind, dtype_name = workload.split("-")
+    model, kind, dtype_name = parse_workload(workload)
+    sizes, batch = SIZES[model][small], BATCH[model][small]
     dtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype_name]
-    llama = H.LlamaSizes(**sizes)
-    params = target.place(H.params_like(llama, dtype))
-    ids = target.struct(batch, jnp.int32)
-    if kind == "train":
-        state = target.place(H.adamw_like(H.params_like(llama, dtype)))
-        jitted, args, name = H.jitted_train_step(llama), (params, state, ids), "train_step"
+    if model == "llama":
+        M, spec = hand_llama, hand_llama.LlamaSizes(**sizes)
+        inputs = (target.struct(batch, jnp.int32),)
     else:
-        jitted, args, name = H.jitted_forward(llama), (params, ids), "forward"
+        M, spec = hand_vit, hand_vit.ViTSizes(**sizes)
+        image = (batch[0], spec.channels, spec.image, spec.image)
+        inputs = (target.struct(image, dtype), target.struct(batch, jnp.int32))
+    like = M.params_like(spec, dtype)
+    params = target.place(like)
+    if kind == "train":
+        state = target.place(hand_llama.adamw_like(like))
+        jitted, args, name = M.jitted_train_step(spec), (params, state, *inputs), "train_step"
+    else:
+        jitted, args, name = M.jitted_forward(spec), (params, *inputs[:1]), "forward"
     compiled, cpu_s, wall_s, trace_s = compile_jitted(jitted, args)
     program = {"name": name, "kind": kind, **analyze(compiled, cpu_s, wall_s, trace_s)}
     program["outside_state"] = 0
-    param_bytes = sum(
-        s.size * s.dtype.itemsize for s in jax.tree.leaves(H.params_like(llama, dtype))
-    )
+    param_bytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like))
     return {"programs": [program], "param_bytes": int(param_bytes)}
 
 
@@ -295,19 +336,33 @@ def _state_bytes_in_args(c: Captured, lowered, forward: tuple | None) -> int:
     return sum(_nbytes(metas[i]) for i in state if i < len(metas))
 
 
-def run_ours(
-    workload: str, variant: str, sizes: dict, batch: tuple[int, int], target: Target, options: dict
-) -> dict:
+def _torch_workload(model_name: str, small: bool, dtype):
+    """The transformers model, its batch, and the training loss / inference call on it."""
     import torch
     import transformers
 
-    from benchmarks import hand_llama as H
+    from benchmarks import hand_llama, hand_vit
 
-    kind, dtype_name = workload.split("-")
-    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    sizes, batch = SIZES[model_name][small], BATCH[model_name][small]
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(H.LlamaSizes(**sizes).hf_config()).to(dtype)
-    ids = torch.randint(0, sizes["vocab"], batch)
+    if model_name == "llama":
+        config = hand_llama.LlamaSizes(**sizes).hf_config()
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+        ids = torch.randint(0, sizes["vocab"], batch)
+        return model, (lambda m: m(ids, labels=ids).loss), (lambda m: m(ids))
+    spec = hand_vit.ViTSizes(**sizes)
+    model = transformers.ViTForImageClassification(spec.hf_config()).to(dtype)
+    pixels = torch.randn(batch[0], spec.channels, spec.image, spec.image, dtype=dtype)
+    labels = torch.randint(0, spec.labels, batch)
+    return model, (lambda m: m(pixel_values=pixels, labels=labels).loss), (lambda m: m(pixels))
+
+
+def run_ours(workload: str, variant: str, small: bool, target: Target, options: dict) -> dict:
+    import torch
+
+    model_name, kind, dtype_name = parse_workload(workload)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    model, loss_of, infer = _torch_workload(model_name, small, dtype)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     compile_kw = {"backend": "tpu", "options": {"device": "cpu", **options} or None}
     t0 = time.perf_counter()
@@ -317,15 +372,15 @@ def run_ours(
             model.eval()
             compiled = torch.compile(model, **compile_kw)
             with torch.no_grad():
-                compiled(ids)
+                infer(compiled)
             state_bytes = param_bytes
         else:
             model.train()
             opt = torch.optim.AdamW(model.parameters())
-            step = _train_step(variant, model, opt, compile_kw)
+            step = _train_step(variant, model, opt, compile_kw, loss_of)
             for _ in range(2):  # the second step runs with the optimizer state in place
                 steps.append(len(graphs))
-                step(ids)
+                step()
             state_bytes = param_bytes + sum(
                 t.numel() * t.element_size()
                 for s in opt.state.values()
@@ -365,15 +420,17 @@ def _latest_graphs(graphs: list[Captured], steps: list[int]) -> list[Captured]:
     return [c for c, s in zip(graphs, step_of, strict=True) if s == last[c.kind]]
 
 
-def _train_step(variant: str, model, opt, compile_kw: dict):
+def _train_step(variant: str, model, opt, compile_kw: dict, loss_of):
+    """The user's training step: ``3prog`` compiles the model and ``opt.step`` (forward,
+    backward and AdamW programs), ``1prog`` the whole step (``tpu_inductor.compile_step``)."""
     import torch
 
     if variant == "3prog":
         cmodel = torch.compile(model, **compile_kw)
         cstep = torch.compile(opt.step, **compile_kw)
 
-        def step(ids):
-            loss = cmodel(ids, labels=ids).loss
+        def step():
+            loss = loss_of(cmodel)
             loss.backward()
             cstep()
             opt.zero_grad()
@@ -383,8 +440,8 @@ def _train_step(variant: str, model, opt, compile_kw: dict):
     if variant == "1prog":
         import tpu_inductor
 
-        def train_step(ids):
-            loss = model(ids, labels=ids).loss
+        def train_step():
+            loss = loss_of(model)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -455,15 +512,17 @@ def run_one(args: argparse.Namespace) -> dict:
 
     jax.config.update("jax_platforms", "cpu") if args.target != "cpu" else None
     target = Target.make(args.target)
-    sizes, batch = (SMALL, SMALL_BATCH) if args.small else (FULL, FULL_BATCH)
     options = json.loads(args.options) if args.options else {}
     apply_levers(json.loads(args.levers) if args.levers else {})
+    if args.save_hlo:
+        global SAVE_HLO
+        SAVE_HLO = Path(args.save_hlo) / f"{args.workload}-{args.contender}"
     if args.contender == "hand":
-        return run_hand(args.workload, sizes, batch, target)
+        return run_hand(args.workload, args.small, target)
     variant = args.contender.removeprefix("ours-")
-    if args.workload.startswith("infer") and variant != "3prog":
+    if parse_workload(args.workload)[1] == "infer" and variant != "3prog":
         return {"skipped": "inference is one program already"}
-    return run_ours(args.workload, variant, sizes, batch, target, options)
+    return run_ours(args.workload, variant, args.small, target, options)
 
 
 def _subprocess(args: argparse.Namespace, workload: str, contender: str) -> dict:
@@ -485,6 +544,8 @@ def _subprocess(args: argparse.Namespace, workload: str, contender: str) -> dict
         cmd += ["--options", args.options]
     if args.levers:
         cmd += ["--levers", args.levers]
+    if args.save_hlo:
+        cmd += ["--save-hlo", args.save_hlo]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep
@@ -534,6 +595,15 @@ def conditions(argv: list[str]) -> dict:
     }
 
 
+def _same_hand(earlier: dict | None, workload: str, small: bool) -> bool:
+    """Whether ``earlier`` has the hand-written row of ``workload`` at the same sizes."""
+    if not earlier or "hand" not in earlier["rows"].get(workload, {}):
+        return False
+    model = parse_workload(workload)[0]
+    sizes = earlier["sizes"].get(model, earlier["sizes"])  # older files: the Llama's alone
+    return sizes == SIZES[model][small] and earlier.get("small") == small
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -548,7 +618,14 @@ def main(argv: list[str] | None = None) -> int:
         help='internal switches for ours, as JSON {"module.NAME": value} under tpu_inductor '
         '(e.g. {"capture.PARTITIONER": "default"}), to measure a lever before/after',
     )
+    p.add_argument(
+        "--hand-from",
+        default="",
+        help="take the hand-written rows from this earlier results file (same sizes and "
+        "target) instead of compiling them again",
+    )
     p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--save-hlo", default="", help="write each program's optimized HLO here")
     p.add_argument("--name", default=None, help="results file name (default tpu-programs)")
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--in-process", action="store_true", help="no subprocesses (tests)")
@@ -566,16 +643,23 @@ def main(argv: list[str] | None = None) -> int:
         "conditions": conditions(argv),
         "target": args.target,
         "small": args.small,
-        "sizes": SMALL if args.small else FULL,
-        "batch": SMALL_BATCH if args.small else FULL_BATCH,
+        "sizes": {m: SIZES[m][args.small] for m in SIZES},
+        "batch": {m: BATCH[m][args.small] for m in BATCH},
         "options": json.loads(args.options) if args.options else {},
         "levers": json.loads(args.levers) if args.levers else {},
         "rows": {},
     }
+    earlier = json.loads(Path(args.hand_from).read_text()) if args.hand_from else None
+    if earlier is not None and earlier["target"] != data["target"]:
+        raise SystemExit(f"--hand-from {args.hand_from}: another target")
     for workload in [w for w in args.only.split(",") if w]:
         for contender in [c for c in args.contenders.split(",") if c]:
             log(f"{workload} / {contender} ...")
             t0 = time.perf_counter()
+            if contender == "hand" and _same_hand(earlier, workload, args.small):
+                res = dict(earlier["rows"][workload]["hand"], reused_from=args.hand_from)
+                data["rows"].setdefault(workload, {})[contender] = res
+                continue
             if args.in_process:
                 one = argparse.Namespace(**{**vars(args), "workload": workload})
                 one.contender = contender
