@@ -53,6 +53,47 @@ def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
 
 
+# aten::nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction,
+#   SymInt ignore_index) -> (Tensor output, Tensor total_weight)
+# (aten::nll_loss2d_forward has the same schema, with spatial dimensions after the classes.)
+@register_lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(ctx, self, target, weight, reduction, ignore_index):
+    # NOTE: torch's decomposition gathers each target's log-probability; a masked sum over the
+    # classes is the same number (the other terms are exact zeros), and XLA fuses the
+    # log-softmax that makes ``self`` into it, where a gather needs ``self`` written out: for a
+    # language model's loss, a [tokens, vocabulary] float32 buffer.
+    channel_dim = 0 if self.ndim < 2 else 1
+    dtype = ctx.out_dtype(0)
+    if weight is not None:
+        shape = [1] * self.ndim
+        shape[channel_dim] = weight.shape[0]
+        w = weight.reshape(shape)
+        self = self * w
+    valid = target != ignore_index
+    onehot = lax.broadcasted_iota(target.dtype, self.shape, channel_dim) == jnp.expand_dims(
+        jnp.where(valid, target, 0), channel_dim
+    )
+    result = jnp.where(valid, -jnp.sum(jnp.where(onehot, self, 0), axis=channel_dim), 0)
+    if reduction == 0 and self.ndim > 1:  # none
+        return result.astype(dtype), jnp.zeros((), ctx.out_dtype(1))
+    wdtype = ctx.out_dtype(1)
+    if weight is not None:
+        picked = jnp.sum(jnp.where(onehot, jnp.broadcast_to(w, self.shape), 0), channel_dim)
+        total_weight = _sum_as(jnp.where(valid, picked, 0), wdtype)
+    else:
+        total_weight = jnp.sum(valid).astype(wdtype)
+    if reduction == 1:  # mean
+        result = upcast(_sum_as(result, dtype)) / upcast(total_weight)
+    elif reduction == 2:  # sum
+        result = _sum_as(result, dtype)
+    return result.astype(dtype), total_weight
+
+
+def _sum_as(x, dtype):
+    """A sum accumulated in float32 for half precision and rounded once, as torch's CPU sum."""
+    return jnp.sum(upcast(x)).astype(dtype)
+
+
 # aten::nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight,
 #   int reduction, SymInt ignore_index, Tensor total_weight) -> Tensor
 # (aten::nll_loss2d_backward has the same schema, with spatial dimensions after the classes.)
