@@ -273,6 +273,7 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
     model, loss_of, infer = _torch_workload(model_name, small, dtype)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     compile_kw = {"backend": "tpu", "options": {"target": target, **options}}
+    torch._dynamo.reset()
     tpu_inductor.reset()
     marks: list[int] = []  # how many programs were recorded when each call began
     cpu: list[float] = []  # each call's CPU seconds: Dynamo, AOTAutograd, lowering, TPU compile
