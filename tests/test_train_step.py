@@ -154,3 +154,41 @@ def test_eager_step_outside_is_untouched():
         model(x).sum().backward()
         opt.step()
     assert called == [1]
+
+
+def test_lr_scheduler_with_a_tensor_lr_steps_without_recompiling():
+    """A scheduler changes a tensor lr in place: no recompile per step, eager's numbers, and the
+    scheduler's own wrapper of opt.step is kept (it warns when its step comes first)."""
+    model_e = _mlp()
+    model_c = copy.deepcopy(model_e)
+
+    def make(m):
+        opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2), eps=1e-3)
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    (opt_e, sched_e), (opt_c, sched_c) = make(model_e), make(model_c)
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+
+    def train_step(x, y):
+        loss = _mse(model_c, x, y)
+        loss.backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        return loss.detach()
+
+    step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()"
+        for _ in range(4):
+            loss_c = step(x, y)
+            sched_c.step()
+            loss_e = _mse(model_e, x, y)
+            loss_e.backward()
+            opt_e.step()
+            opt_e.zero_grad()
+            sched_e.step()
+            torch.testing.assert_close(loss_c, loss_e.detach(), atol=ATOL, rtol=RTOL)
+    _same_state(opt_c, opt_e, list(model_c.parameters()), list(model_e.parameters()), "lr")
+    assert float(opt_c.param_groups[0]["lr"]) == float(opt_e.param_groups[0]["lr"])
+    assert getattr(opt_c.step, "_wrapped_by_lr_sched", False)
+    assert cache.STATS.graphs == 2  # the first step's program and the steady state's

@@ -122,18 +122,28 @@ class _traceable:
 
     def __init__(self, optimizers: tuple[torch.optim.Optimizer, ...]):
         self.optimizers = [o for o in optimizers if _unsupported_reason(o) is None]
+        self.saved: list[dict] = []
 
     def __enter__(self):
+        # An LR scheduler wraps opt.step on the instance (to warn when its own step comes
+        # first): kept aside and put back after the call.
+        self.saved = [
+            {k: opt.__dict__[k] for k in ("step", "zero_grad") if k in opt.__dict__}
+            for opt in self.optimizers
+        ]
         for opt in self.optimizers:
             step, zero_grad = _methods(opt)
             opt.__dict__["step"] = step
             opt.__dict__["zero_grad"] = zero_grad
         return self
 
-    def __exit__(self, *exc):
-        for opt in self.optimizers:
+    def __exit__(self, exc_type, *exc):
+        for opt, saved in zip(self.optimizers, self.saved, strict=True):
             opt.__dict__.pop("step", None)
             opt.__dict__.pop("zero_grad", None)
+            opt.__dict__.update(saved)
+            if exc_type is None and getattr(saved.get("step"), "_wrapped_by_lr_sched", False):
+                opt._opt_called = True  # what the scheduler's wrapper records of a step
         return False
 
 
