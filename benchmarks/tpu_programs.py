@@ -571,10 +571,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="results file name (default tpu-programs)")
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--in-process", action="store_true", help="no subprocesses (tests)")
+    p.add_argument(
+        "--readme",
+        action="store_true",
+        help="rewrite README.md's TPU-programs block from this run's results",
+    )
+    p.add_argument(
+        "--readme-only",
+        default="",
+        metavar="RESULTS_JSON",
+        help="rewrite README.md's TPU-programs block from a results file; run nothing",
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.readme_only:
+        write_readme(Path(args.readme_only), ROOT / "README.md")
+        return 0
     if args.one:
         print(json.dumps(run_one(args)))
         return 0
@@ -624,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     print(table(data))
     plot(data, out_dir / f"{name}.png")
+    if args.readme:
+        write_readme(out_dir / f"{name}.json", ROOT / "README.md")
     return 0
 
 
@@ -652,6 +668,115 @@ def table(data: dict) -> str:
                 f"{t['copies']} | {ratios} |"
             )
     return "\n".join(lines)
+
+
+README_START = "<!-- tpu-programs:start -->"
+README_END = "<!-- tpu-programs:end -->"
+WORKLOAD_NAMES = {
+    "train-f32": "Llama training step, float32",
+    "train-bf16": "Llama training step, bfloat16",
+    "infer-f32": "Llama inference forward, float32",
+    "infer-bf16": "Llama inference forward, bfloat16",
+    "vit-train-f32": "ViT training step, float32",
+    "vit-train-bf16": "ViT training step, bfloat16",
+}
+CONTENDER_NAMES = {
+    "hand": "hand-written JAX (1 jitted program)",
+    "ours-3prog": "ours, model + `opt.step` compiled apart",
+    "ours-1prog": "ours, `tpu_inductor.compile_step`",
+}
+
+
+def _load(values) -> str:
+    return "n/a" if not values else f"{values[0]:.1f}"
+
+
+def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | None) -> str:
+    """The README's TPU-programs block, from a results file (and the levers file)."""
+    c = data["conditions"]
+    v = c["versions"]
+    sizes = data["sizes"]
+    llama, vit = sizes["llama"], sizes["vit"]
+    lines = [
+        README_START,
+        f"<!-- Written by python -m benchmarks.tpu_programs --readme from {rel_json}; "
+        "do not edit by hand. -->",
+        "",
+        f"Target {data['target']} (one chip), compile only (libtpu {v.get('libtpu', '?')}, "
+        f"jax {v['jax']}, torch {v['torch']}); {c['cpu_count']} CPUs ({c['processor']}, "
+        f"{c['machine']}), load avg {_load(c.get('load_before'))} at start and "
+        f"{_load(c.get('load_after'))} at the end (shared with other jobs); {c['date']}.",
+        "",
+        f"Command: `{c['command']}`.",
+        "",
+        f"Models: transformers `LlamaForCausalLM` (hidden {llama['hidden']}, intermediate "
+        f"{llama['intermediate']}, {llama['layers']} layers, {llama['heads']} heads / "
+        f"{llama['kv_heads']} KV heads, vocabulary {llama['vocab']}, SDPA), batch "
+        f"{' x '.join(map(str, data['batch']['llama']))} tokens, `labels=ids`, AdamW; "
+        f"`ViTForImageClassification` (hidden {vit['hidden']}, {vit['layers']} layers, "
+        f"{vit['heads']} heads, {vit['image']} px, patch {vit['patch']}, {vit['labels']} "
+        f"classes), batch {data['batch']['vit'][0]}. float32 matmuls at HIGHEST on both sides. "
+        "Bytes and FLOPs are XLA's `cost_analysis` of each program, summed over a step's "
+        "programs; HBM peak is `memory_analysis` (arguments + outputs - donated + temporaries + "
+        "code; for a split step, the largest program's plus the state it leaves on the chip); "
+        "compile is CPU seconds (hand: tracing, lowering and TPU compile; ours: the whole call, "
+        "Dynamo, AOTAutograd, lowering and TPU compile). Ratios are ours / hand-written.",
+        "",
+        "| workload | contender | programs | bytes accessed | GFLOP | HBM peak | compile CPU s "
+        "| top-level copies | bytes | FLOPs | HBM | compile |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, by in data["rows"].items():
+        for contender, res in by.items():
+            name = WORKLOAD_NAMES.get(workload, workload)
+            who = CONTENDER_NAMES.get(contender, contender)
+            if "error" in res:
+                lines.append(f"| {name} | {who} | failed | | | | | | | | | |")
+                continue
+            t = totals(res)
+            r = data.get("derived", {}).get(workload, {}).get(contender)
+            ratios = [f"{r[k]:.2f}x" for k in RATIO_KEYS] if r else ["-"] * 4
+            lines.append(
+                f"| {name} | {who} | {t['programs']} | {_mb(t['bytes'])} MB | "
+                f"{t['flops'] / 1e9:.1f} | {_mb(t['hbm_peak'])} MB | {t['compile_cpu_s']:.0f} | "
+                f"{t['copies']} | " + " | ".join(ratios) + " |"
+            )
+    if levers and levers.get("steps"):
+        from benchmarks import tpu_levers
+
+        first = levers["steps"][0]["conditions"]
+        lines += [
+            "",
+            "Each lever, cumulative, on the Llama training step (ours / hand-written: bytes "
+            "accessed, FLOPs, HBM peak, compile CPU s). `python -m benchmarks.tpu_levers` "
+            "compiles the backend as it was at each lever's commit of branch issue22 "
+            f"({levers['target']}, {first['date']}, load avg {_load(first.get('load_before'))} "
+            "at start; compile ratios on a loaded machine are +-20%):",
+            "",
+            tpu_levers.table(levers["steps"]),
+        ]
+    if rel_png:
+        lines += ["", f"![ours / hand-written JAX per figure]({rel_png})"]
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def write_readme(json_path: Path, readme: Path) -> None:
+    """Rewrite ``readme``'s TPU-programs block from ``json_path`` (and ``tpu-levers.json``
+    beside it, when there is one)."""
+    data = json.loads(json_path.read_text())
+    levers_path = json_path.with_name("tpu-levers.json")
+    levers = json.loads(levers_path.read_text()) if levers_path.exists() else None
+    base = readme.resolve().parent
+    png = json_path.with_suffix(".png")
+    rel = lambda q: Path(os.path.relpath(q.resolve(), base)).as_posix()  # noqa: E731
+    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None)
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{readme}: no {README_START} ... {README_END} block to rewrite")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(head + block + tail)
 
 
 def plot(data: dict, path: Path) -> None:
