@@ -80,6 +80,14 @@ def run(folder: Path, name: str, contender: str, levers: dict, hand: Path, out: 
     return json.loads((out / f"{name}.json").read_text())
 
 
+def _complete(path: Path, only: str, contender: str) -> bool:
+    """Whether ``path`` holds ``contender``'s rows for every workload of ``only``."""
+    if not path.exists():
+        return False
+    rows = json.loads(path.read_text())["rows"]
+    return all(contender in rows.get(w, {}) for w in only.split(","))
+
+
 def table(steps: list[dict]) -> str:
     """Markdown: per lever and workload, ours / hand for bytes, FLOPs, HBM peak, compile."""
     workloads = list(steps[0]["rows"]) if steps else []
@@ -101,17 +109,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hand-from", default="", help="hand-written rows from an earlier run")
     p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--keep", action="store_true", help="keep the scratch folders")
+    p.add_argument(
+        "--scratch",
+        default="",
+        help="scratch folder, kept; a lever whose results are already there is not run again "
+        "(resumes an interrupted run)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="tpu-levers-"))
+    if args.scratch:
+        scratch, args.keep = Path(args.scratch), True
+        scratch.mkdir(parents=True, exist_ok=True)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="tpu-levers-"))
     hand = Path(args.hand_from) if args.hand_from else scratch / "hand.json"
     steps = []
     try:
         for i, (label, commit, contender, levers) in enumerate(LEVERS):
             print(f"[{i}] {label} ({commit}, {contender})", file=sys.stderr, flush=True)
-            folder = snapshot(commit, scratch / f"lever{i}")
-            data = run(folder, f"lever{i}", contender, levers, hand, scratch, args)
+            done = scratch / f"lever{i}.json"
+            if _complete(done, args.only, contender):
+                data = json.loads(done.read_text())
+            else:
+                shutil.rmtree(scratch / f"lever{i}", ignore_errors=True)
+                folder = snapshot(commit, scratch / f"lever{i}")
+                data = run(folder, f"lever{i}", contender, levers, hand, scratch, args)
             if not hand.exists():
                 hand.write_text(json.dumps(data))
             data["derived"] = derive(data["rows"])
