@@ -25,12 +25,24 @@ from benchmarks.report import write_readme  # noqa: E402
 def newest_result(folder: Path = ROOT / "benchmarks" / "results") -> Path:
     """The most recently written results JSON in ``folder``."""
     found = sorted(
-        (p for p in folder.glob("*.json") if p.name != "transfers.json"),
+        (p for p in folder.glob("*.json") if _is_run_result(p)),
         key=lambda p: p.stat().st_mtime,
     )
     if not found:
         raise SystemExit(f"no results in {folder}: run python -m benchmarks.run --quick first")
     return found[-1]
+
+
+def _is_run_result(path: Path) -> bool:
+    """Whether ``path`` is a ``benchmarks.run`` result (not transfers, sharding, dynamic or the
+    TPU-program benchmarks' files, which other scripts render)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and ("percall" in data or "models" in data)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from tpu_inductor.errors import (
 from tpu_inductor.report import report
 from tpu_inductor.targets import Target, tpu_target
 from tpu_inductor.tpu_report import tpu_report
+from tpu_inductor.train_step import compile_step
 from tpu_inductor.warmup import warmup
 
 reset = cache.clear
@@ -57,6 +58,7 @@ __all__ = [
     "TpuInductorError",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
+    "compile_step",
     "debug",
     "keep_on_device",
     "pallas_interpret",

@@ -47,6 +47,49 @@ def _builtin_decomposition_table() -> dict:
     return table
 
 
+# How AOTAutograd splits a joint graph into forward and backward: "min_cut" (its min-cut
+# rematerialization partitioner, what Inductor uses: the backward recomputes cheap ops, e.g.
+# pointwise chains, views and transposes, instead of the forward saving their results) or
+# "default" (save every intermediate the backward reads). Benchmarks switch it to measure it.
+PARTITIONER = "min_cut"
+
+
+def partition_fn() -> Callable:
+    """The partition function AOTAutograd uses (see ``PARTITIONER``)."""
+    from torch._functorch.partitioners import (
+        default_partition,
+        min_cut_rematerialization_partition,
+    )
+
+    if PARTITIONER == "default":
+        return default_partition
+
+    def min_cut(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
+        _save_user_outputs(joint_module, num_fwd_outputs)
+        return min_cut_rematerialization_partition(
+            joint_module, joint_inputs, "inductor", num_fwd_outputs=num_fwd_outputs, **kwargs
+        )
+
+    return min_cut
+
+
+def _save_user_outputs(joint_module, num_fwd_outputs: int) -> None:
+    """Mark the forward's outputs MUST_SAVE, so the backward reads one it needs instead of
+    recomputing it.
+
+    Saving an output costs nothing (it is written anyway), and it keeps eager's semantics: the
+    backward then holds the user's output (AOTAutograd saves its ``detach``, which shares its
+    version counter), so changing it in place before ``backward()`` raises as in eager instead
+    of silently giving the gradient of the unchanged value.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    output = next(n for n in reversed(joint_module.graph.nodes) if n.op == "output")
+    for node in output.args[0][:num_fwd_outputs]:  # the joint's outputs: forward's, then grads
+        if isinstance(node, torch.fx.Node) and node.op == "call_function":
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+
 def aot_backend(fw_compiler: Callable, bw_compiler: Callable, inference_compiler: Callable):
     """A Dynamo backend running AOTAutograd with our compilers and decompositions."""
     from torch._dynamo.backends.common import aot_autograd
@@ -55,6 +98,7 @@ def aot_backend(fw_compiler: Callable, bw_compiler: Callable, inference_compiler
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
+        partition_fn=partition_fn(),
         decompositions=decomposition_table(),
         # In-graph input mutations arrive as copy_(input, new) nodes, so the new value can stay
         # on the device as the input's current value (residency.py) instead of AOTAutograd

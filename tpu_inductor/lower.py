@@ -488,19 +488,24 @@ def _output_plan(outputs, placeholders) -> tuple[tuple, list]:
             plan.append(("input", index_of[out]))
         elif isinstance(out, fx.Node) and out in first:
             plan.append(("dup", first[out]))
-        elif (
-            isinstance(out, fx.Node)
-            and out.target in _ALIASES
-            and isinstance(out.args[0], fx.Node)
-            and out.args[0] in first
-        ):
-            plan.append(("detach", first[out.args[0]]))
+        elif _alias_base(out) in first:
+            plan.append(("detach", first[_alias_base(out)]))
         else:
             if isinstance(out, fx.Node):
                 first[out] = j
             plan.append(("out", len(computed)))
             computed.append(out)
     return tuple(plan), computed
+
+
+def _alias_base(out) -> fx.Node | None:
+    """The node a chain of ``detach``/``alias`` ops starts from (``detach(detach(exp))``, as the
+    min-cut partitioner saves a forward output), or ``None`` if ``out`` is no such chain."""
+    if not (isinstance(out, fx.Node) and out.target in _ALIASES):
+        return None
+    while isinstance(out, fx.Node) and out.target in _ALIASES and isinstance(out.args[0], fx.Node):
+        out = out.args[0]
+    return out
 
 
 def _mutations(nodes, placeholders, start: int) -> tuple[tuple, list]:

@@ -11,7 +11,16 @@ from tests.helpers import assert_same, compiled
 
 @pytest.mark.parametrize(
     "kv_heads,causal,mask",
-    [(4, True, None), (4, False, "bool"), (4, False, "float"), (2, True, None), (1, False, None)],
+    [
+        (4, True, None),
+        (4, False, "bool"),
+        (4, False, "float"),
+        (2, True, None),
+        (1, False, None),
+        (2, False, "bool"),  # grouped heads, a mask shared by every head
+        (2, False, "float-per-head"),  # grouped heads, one mask per query head
+        (1, True, "float"),
+    ],
 )
 def test_sdpa_forward_and_backward(kv_heads, causal, mask):
     torch.manual_seed(0)
@@ -24,6 +33,8 @@ def test_sdpa_forward_and_backward(kv_heads, causal, mask):
         attn_mask[:, 0] = True  # no fully masked row
     elif mask == "float":
         attn_mask = torch.randn(2, 1, 6, 6)
+    elif mask == "float-per-head":
+        attn_mask = torch.randn(2, 4, 6, 6)
 
     def fn(q, k, v):
         return F.scaled_dot_product_attention(
@@ -36,6 +47,26 @@ def test_sdpa_forward_and_backward(kv_heads, causal, mask):
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
     assert_same(grads, ref_grads)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_bfloat16_forward_and_backward(kv_heads):
+    """bfloat16 attention multiplies bfloat16 operands with float32 accumulation and feeds
+    bfloat16 probabilities to ``P @ V``, as torch's CPU kernel does."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, kv_heads, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, kv_heads, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != 4)
+
+    out = compiled(fn)(q, k, v)
+    ref = fn(q, k, v)
+    assert_same(out, ref, atol=2e-2, rtol=2e-2)
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    assert_same(grads, ref_grads, atol=5e-2, rtol=5e-2)
 
 
 def test_fused_cpu_attention_with_dropout_is_refused_up_front():

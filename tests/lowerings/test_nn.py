@@ -195,3 +195,39 @@ def test_rrelu_training_slopes_and_gradient():
     assert abs(float(-out.detach().mean()) - 0.2) < 0.01
     (grad,) = torch.autograd.grad(out.sum(), x)
     assert torch.equal(grad, -out.detach())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("shape", ["batch", "no-batch", "spatial"])
+def test_nll_loss_backward(reduction, weighted, shape):
+    """nll_loss's backward is lowered as a one-hot comparison (no scatter into a zeroed
+    [N, classes] buffer): eager's gradient for every reduction, class weights, ignored targets,
+    an input without a batch dimension and nll_loss2d's spatial targets."""
+    g = torch.Generator().manual_seed(0)
+    if shape == "batch":
+        logits, target = torch.randn(7, 5, generator=g), torch.randint(0, 5, (7,), generator=g)
+        target[2] = -100
+    elif shape == "no-batch":
+        logits, target = torch.randn(5, generator=g), torch.tensor(3)
+    else:
+        logits = torch.randn(2, 5, 3, 4, generator=g)
+        target = torch.randint(0, 5, (2, 3, 4), generator=g)
+        target[0, 1, 2] = -100
+    weight = torch.rand(5, generator=g) + 0.5 if weighted else None
+
+    def fn(x):
+        return F.cross_entropy(x, target, weight=weight, reduction=reduction)
+
+    _check_grads(fn, logits)
+
+
+def test_nll_loss_backward_bfloat16_and_ignore_index():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 9, generator=g).to(torch.bfloat16)
+    target = torch.tensor([1, 4, 4, 0, 8, 2])
+
+    def fn(x):
+        return F.nll_loss(F.log_softmax(x, dim=-1), target, ignore_index=4)
+
+    _check_grads(fn, logits, atol=1e-2, rtol=1e-2)

@@ -53,6 +53,76 @@ def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
 
 
+# aten::nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction,
+#   SymInt ignore_index) -> (Tensor output, Tensor total_weight)
+# (aten::nll_loss2d_forward has the same schema, with spatial dimensions after the classes.)
+@register_lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(ctx, self, target, weight, reduction, ignore_index):
+    # NOTE: torch's decomposition gathers each target's log-probability; a masked sum over the
+    # classes is the same number (the other terms are exact zeros), and XLA fuses the
+    # log-softmax that makes ``self`` into it, where a gather needs ``self`` written out: for a
+    # language model's loss, a [tokens, vocabulary] float32 buffer.
+    channel_dim = 0 if self.ndim < 2 else 1
+    dtype = ctx.out_dtype(0)
+    if weight is not None:
+        shape = [1] * self.ndim
+        shape[channel_dim] = weight.shape[0]
+        w = weight.reshape(shape)
+        self = self * w
+    valid = target != ignore_index
+    onehot = lax.broadcasted_iota(target.dtype, self.shape, channel_dim) == jnp.expand_dims(
+        jnp.where(valid, target, 0), channel_dim
+    )
+    result = jnp.where(valid, -jnp.sum(jnp.where(onehot, self, 0), axis=channel_dim), 0)
+    if reduction == 0 and self.ndim > 1:  # none
+        return result.astype(dtype), jnp.zeros((), ctx.out_dtype(1))
+    wdtype = ctx.out_dtype(1)
+    if weight is not None:
+        picked = jnp.sum(jnp.where(onehot, jnp.broadcast_to(w, self.shape), 0), channel_dim)
+        total_weight = _sum_as(jnp.where(valid, picked, 0), wdtype)
+    else:
+        total_weight = jnp.sum(valid).astype(wdtype)
+    if reduction == 1:  # mean
+        result = upcast(_sum_as(result, dtype)) / upcast(total_weight)
+    elif reduction == 2:  # sum
+        result = _sum_as(result, dtype)
+    return result.astype(dtype), total_weight
+
+
+def _sum_as(x, dtype):
+    """A sum accumulated in float32 for half precision and rounded once, as torch's CPU sum."""
+    return jnp.sum(upcast(x)).astype(dtype)
+
+
+# aten::nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight,
+#   int reduction, SymInt ignore_index, Tensor total_weight) -> Tensor
+# (aten::nll_loss2d_backward has the same schema, with spatial dimensions after the classes.)
+@register_lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(
+    ctx, grad_output, self, target, weight, reduction, ignore_index, total_weight
+):
+    # NOTE: torch's decomposition scatters -1 into a zeroed [N, classes] buffer; this is the same
+    # numbers as a comparison with the class index, which XLA fuses into what reads the gradient
+    # (the log-softmax backward), so no vocabulary-sized buffer is written for it.
+    channel_dim = 0 if self.ndim < 2 else 1
+    g = grad_output
+    if reduction == 1:  # mean
+        g = g / total_weight
+    if self.ndim == 1 and target.ndim > 0:
+        target = target[0]  # torch's kernel reads only target[0] without a batch dimension
+    target = jnp.expand_dims(target, channel_dim)
+    if self.ndim > g.ndim > 0:
+        g = jnp.expand_dims(g, channel_dim)
+    if weight is not None:
+        shape = [1] * self.ndim
+        shape[channel_dim] = weight.shape[0]
+        g = g * weight.reshape(shape)
+    g = jnp.where(target != ignore_index, g, 0)
+    onehot = lax.broadcasted_iota(target.dtype, self.shape, channel_dim) == target
+    dtype = ctx.out_dtype()
+    return (jnp.where(onehot, -1, 0).astype(dtype) * g).astype(dtype)
+
+
 # --- 2. layer norm --------------------------------------------------------------------------------
 
 
@@ -575,31 +645,106 @@ _register_linear_cross_entropy()
 # --- 9. scaled dot-product attention --------------------------------------------------------------
 
 
-def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None):
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None, platform=None):
     """Scaled dot-product attention (math form) returning output and float32 logsumexp.
 
+    With heads (``[..., H, L, E]``), the matmuls run over ``[..., L, heads, E]`` views: attention
+    code makes its ``[.., H, L, E]`` tensors as ``linear(x).view(.., L, H, E).transpose(1, 2)``,
+    so XLA cancels that transpose against this one, and the output transposed back by the caller
+    cancels too; without it, the head split below would copy transposed Q, K, V and outputs.
+
     Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
-    accept) repeats each key/value head for its group of query heads.
+    accept) groups the query heads by key/value head instead of repeating the key/value heads:
+    the repeat would be a materialized ``[..., heads, S, E]`` copy (and its gradient a sum) in
+    every program, forward and backward.
+
+    Half-precision inputs are multiplied as they are with float32 accumulation, the softmax is
+    float32, and its (unnormalized) probabilities go back to the input dtype for ``P @ V``, as
+    torch's CPU flash kernel does, so no float32 copy of Q, K, V or P is made (bfloat16: mean
+    error against torch's kernel 3e-5, against 1.6e-4 with float32 probabilities).
+    ``platform`` is the device it compiles for (:func:`_matmul`).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
-        group = q.shape[-3] // k.shape[-3]
-        k = jnp.repeat(k, group, axis=-3)
-        v = jnp.repeat(v, group, axis=-3)
-    s = jnp.einsum("...le,...se->...ls", upcast(q), upcast(k), precision=precision) * scale
+    L, S = q.shape[-2], k.shape[-2]
+    headed = q.ndim >= 3
+    if headed:
+        heads, kv_heads = q.shape[-3], k.shape[-3]
+        q = _token_major(q, kv_heads)  # [..., L, kv_heads, group, E]
+        k, v = jnp.swapaxes(k, -3, -2), jnp.swapaxes(v, -3, -2)  # [..., S, kv_heads, E]
+        attn_mask = _grouped_mask(attn_mask, q.ndim, heads, kv_heads)
+        qk, pv = "...lhge,...she->...hgls", "...hgls,...she->...lhge"
+    else:
+        qk, pv = "...le,...se->...ls", "...ls,...se->...le"
+    dot = _matmul(precision, platform, q.dtype, k.dtype)
+    s = _mask_scores(dot(qk, q, k) * scale, attn_mask, is_causal, L, S)
+    # Unnormalized probabilities (rows shifted by their max), normalized after P @ V, as torch's
+    # CPU flash kernel computes; rows that see nothing give 0 and a logsumexp of -inf.
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
+    e = jnp.exp(s - m)
+    z = jnp.sum(e, axis=-1, keepdims=True)
+    out = dot(pv, e.astype(v.dtype), v)
+    lse = (m + jnp.log(z))[..., 0]
+    if headed:  # out [..., L, kv_heads, group, E]; z and lse [..., kv_heads, group, L]
+        z = jnp.moveaxis(z[..., 0], -1, -3)[..., None]
+        out = _head_major(out / jnp.where(z == 0, 1, z), heads)
+        lse = lse.reshape(*lse.shape[:-3], heads, L)
+    else:
+        out = out / jnp.where(z == 0, 1, z)
+    return out.astype(q.dtype), lse.astype(jnp.float32)
+
+
+def _matmul(precision, platform: str | None, *dtypes):
+    """``einsum(subscripts, a, b)`` for attention: half-precision operands accumulate in float32.
+
+    NOTE: XLA:CPU (jaxlib 0.10) has no kernel for some bf16 x bf16 -> f32 dots, depending on the
+    layouts it picks ("Unsupported element type for DotThunk"), so for the CPU (or an unknown
+    platform) half-precision operands are converted to float32 first. That is exact (products of
+    bf16 values are exact in float32): the same numbers as a bf16 dot accumulating in float32.
+    """
+    acc = accumulate_in(*dtypes)
+    widen = acc is not None and platform in (None, "cpu")
+
+    def dot(subscripts, a, b):
+        if widen:
+            a, b = upcast(a), upcast(b)
+        return jnp.einsum(subscripts, a, b, precision=precision, preferred_element_type=acc)
+
+    return dot
+
+
+def _token_major(x, kv_heads: int):
+    """``[..., H, L, E]`` -> ``[..., L, kv_heads, H // kv_heads, E]``."""
+    *batch, heads, length, dim = x.shape
+    return jnp.swapaxes(x, -3, -2).reshape(*batch, length, kv_heads, heads // kv_heads, dim)
+
+
+def _head_major(x, heads: int):
+    """``[..., L, kv_heads, group, E]`` -> ``[..., H, L, E]``."""
+    *batch, length, _, _, dim = x.shape
+    return jnp.swapaxes(x.reshape(*batch, length, heads, dim), -3, -2)
+
+
+def _mask_scores(s, attn_mask, is_causal: bool, L: int, S: int):
     if is_causal:
-        L, S = q.shape[-2], k.shape[-2]
         s = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), s, -jnp.inf)
     if attn_mask is not None:
         if attn_mask.dtype == jnp.bool_:
             s = jnp.where(attn_mask, s, -jnp.inf)
         else:
             s = s + upcast(attn_mask)
-    lse = jax.nn.logsumexp(s, axis=-1)
-    p = jnp.exp(s - lse[..., None])
-    p = jnp.where(jnp.isnan(p), 0, p)
-    out = jnp.einsum("...ls,...se->...le", p, upcast(v), precision=precision)
-    return out.astype(q.dtype), lse.astype(jnp.float32)
+    return s
+
+
+def _grouped_mask(mask, ndim: int, heads: int, kv_heads: int):
+    """A mask broadcastable to ``[..., heads, L, S]`` as one broadcastable to
+    ``[..., kv_heads, heads // kv_heads, L, S]`` (``ndim`` is the grouped rank)."""
+    if mask is None:
+        return None
+    mask = mask.reshape((1,) * (ndim - 1 - mask.ndim) + mask.shape)  # [..., h, L, S]
+    if mask.shape[-3] == heads:
+        return mask.reshape(*mask.shape[:-3], kv_heads, heads // kv_heads, *mask.shape[-2:])
+    return mask.reshape(*mask.shape[:-3], 1, 1, *mask.shape[-2:])
 
 
 # aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value,
@@ -610,7 +755,9 @@ def sdpa_flash_cpu(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None
 ):
     # NOTE: dropout_p > 0 is refused at registration (unsupported.REFUSED): eager runs it.
-    out, lse = attention(query, key, value, attn_mask, is_causal, scale, ctx.precision)
+    out, lse = attention(
+        query, key, value, attn_mask, is_causal, scale, ctx.precision, ctx.platform
+    )
     return out, lse.astype(ctx.out_dtype(1))
 
 
@@ -631,9 +778,55 @@ def sdpa_flash_cpu_backward(
     attn_mask=None,
     scale=None,
 ):
-    f = lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale, ctx.precision)[0]
-    _, vjp = jax.vjp(f, query, key, value)
-    return vjp(grad_out.astype(query.dtype))
+    if query.ndim != 4:
+        f = lambda q, k, v: attention(  # noqa: E731
+            q, k, v, attn_mask, is_causal, scale, ctx.precision, ctx.platform
+        )[0]
+        _, vjp = jax.vjp(f, query, key, value)
+        return vjp(grad_out.astype(query.dtype))
+    grads = attention_backward(
+        grad_out,
+        query,
+        key,
+        value,
+        out,
+        logsumexp,
+        attn_mask,
+        is_causal,
+        scale,
+        ctx.precision,
+        ctx.platform,
+    )
+    return tuple(g.astype(ctx.out_dtype(i)) for i, g in enumerate(grads))
+
+
+def attention_backward(
+    dout, q, k, v, out, lse, attn_mask, is_causal, scale, precision, platform=None
+):
+    """Gradients of :func:`attention` for ``[B, H, L, E]`` inputs from its saved output and
+    logsumexp, as torch's CPU flash kernel computes them: the probabilities are recomputed from
+    Q K^T and the logsumexp (one score-sized matmul) instead of differentiating the forward
+    again. Grouped heads stay grouped (the key/value gradients sum over each group inside the
+    matmuls), and the matmuls run over ``[B, L, heads, E]`` views as in :func:`attention`."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    B, H, L, E = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    q_, dout_, out_ = (_token_major(t, Hkv) for t in (q, dout, out))  # [B, L, Hkv, G, E]
+    k_, v_ = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, S, Hkv, E]
+    lse_ = lse.reshape(B, Hkv, G, L).astype(jnp.float32)
+    mask = _grouped_mask(attn_mask, 5, H, Hkv)
+    dot = _matmul(precision, platform, q.dtype, k.dtype)
+    s = _mask_scores(dot("blhge,bshe->bhgls", q_, k_) * scale, mask, is_causal, L, S)
+    # Rows that saw nothing have a logsumexp of -inf and no gradient.
+    p = jnp.exp(s - jnp.where(jnp.isfinite(lse_), lse_, 0)[..., None])
+    dv = dot("bhgls,blhge->bshe", p.astype(dout.dtype), dout_)
+    dp = dot("blhge,bshe->bhgls", dout_, v_)
+    d = jnp.sum(upcast(dout_) * upcast(out_), axis=-1)  # [B, L, Hkv, G]
+    ds = (p * (dp - jnp.moveaxis(d, 1, -1)[..., None])).astype(q.dtype)
+    dq = dot("bhgls,bshe->blhge", ds, k_) * scale
+    dk = dot("bhgls,blhge->bshe", ds, q_) * scale
+    return _head_major(dq, H), jnp.swapaxes(dk, 1, 2), jnp.swapaxes(dv, 1, 2)
 
 
 # --- 10. nn.TransformerEncoderLayer's fast path ---------------------------------------------------
@@ -682,7 +875,7 @@ def transformer_encoder_layer_fwd(
             else:  # (L, S) or (B, H, L, S)
                 m = mask
             m = ~m if m.dtype == jnp.bool_ else m
-        o, _ = attention(q, k, v, m, False, None, prec)
+        o, _ = attention(q, k, v, m, False, None, prec, ctx.platform)
         return lin(o.transpose(0, 2, 1, 3).reshape(B, L, E), proj_weight, proj_bias)
 
     act = (lambda h: jax.nn.gelu(h, approximate=False)) if use_gelu else jax.nn.relu

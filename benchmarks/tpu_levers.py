@@ -1,0 +1,167 @@
+"""Each lever of issue 22, before and after: ``python -m benchmarks.tpu_levers``.
+
+Runs ``benchmarks.tpu_programs`` (the version in this checkout) against the backend as it was at
+each lever's commit: for every step of :data:`LEVERS`, the commit's ``tpu_inductor`` is
+extracted (``git archive``) into a scratch folder beside this checkout's ``benchmarks/``, and the
+Llama training step is compiled for the target there, in float32 and bfloat16. The hand-written
+rows are compiled once and reused (``--hand-from``). Writes
+``benchmarks/results/tpu-levers.json`` (every run's results, in lever order) and prints the
+table of ratios ours / hand after each lever.
+
+Levers are cumulative, in the order they were committed. Takes a while: each float32 step is a
+few minutes of TPU compile on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.tpu_programs import RATIO_KEYS, RESULTS, ROOT, derive, totals
+
+# (label, commit of branch issue22, contender, internal switches): each lever on top of the ones
+# before it. d7dfeef is the backend before any of them (main + compile_step, which a split step
+# does not use).
+LEVERS = [
+    ("before: model + opt.step compiled apart (3 programs)", "d7dfeef", "ours-3prog", {}),
+    ("min-cut rematerialization partitioner", "b7d9123", "ours-3prog", {}),
+    ("whole step as ONE program (compile_step)", "b7d9123", "ours-1prog", {}),
+    ("GQA grouped, no K/V repeat; bf16 attention operands", "b138086", "ours-1prog", {}),
+    ("loss backward: one-hot compare, no scatter", "8e0bf87", "ours-1prog", {}),
+    ("attention backward from saved out + logsumexp", "3dead21", "ours-1prog", {}),
+    ("attention over token-major views (layout copies)", "0c578f8", "ours-1prog", {}),
+    ("loss forward: masked sum, no gather (log-softmax fused)", "f9622d7", "ours-1prog", {}),
+    ("after: all lowering levers, split into 3 programs", "HEAD", "ours-3prog", {}),
+]
+WORKLOADS = "train-f32,train-bf16"
+
+
+def snapshot(commit: str, into: Path) -> Path:
+    """The backend at ``commit`` with this checkout's benchmarks, in ``into``."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "tpu_inductor"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    shutil.copytree(ROOT / "benchmarks", into / "benchmarks")
+    return into
+
+
+def run(folder: Path, name: str, contender: str, levers: dict, hand: Path, out: Path, args):
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.tpu_programs",
+        "--only",
+        args.only,
+        "--contenders",
+        f"hand,{contender}",
+        "--target",
+        args.target,
+        "--out-dir",
+        str(out),
+        "--name",
+        name,
+    ]
+    if hand.exists():
+        cmd += ["--hand-from", str(hand)]
+    if levers:
+        cmd += ["--levers", json.dumps(levers)]
+    env = {**os.environ, "PYTHONPATH": str(folder), "JAX_PLATFORMS": "cpu"}
+    subprocess.run(cmd, cwd=folder, env=env, check=True)
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def _complete(path: Path, only: str, contender: str) -> bool:
+    """Whether ``path`` holds ``contender``'s rows for every workload of ``only``."""
+    if not path.exists():
+        return False
+    rows = json.loads(path.read_text())["rows"]
+    return all(contender in rows.get(w, {}) for w in only.split(","))
+
+
+def table(steps: list[dict]) -> str:
+    """Markdown: per lever and workload, ours / hand for bytes, FLOPs, HBM peak, compile."""
+    workloads = list(steps[0]["rows"]) if steps else []
+    head = "| lever | " + " | ".join(f"{w}: bytes, FLOPs, HBM, compile" for w in workloads)
+    lines = [head + " |", "|---" * (1 + len(workloads)) + "|"]
+    for step in steps:
+        cells = []
+        for w in workloads:
+            r = step["derived"].get(w, {}).get(step["contender"])
+            cells.append(", ".join(f"{r[k]:.2f}x" for k in RATIO_KEYS) if r else "failed")
+        lines.append(f"| {step['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="v5e:2x2")
+    p.add_argument("--only", default=WORKLOADS)
+    p.add_argument("--hand-from", default="", help="hand-written rows from an earlier run")
+    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--keep", action="store_true", help="keep the scratch folders")
+    p.add_argument(
+        "--scratch",
+        default="",
+        help="scratch folder, kept; a lever whose results are already there is not run again "
+        "(resumes an interrupted run)",
+    )
+    args = p.parse_args(argv)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.scratch:
+        scratch, args.keep = Path(args.scratch), True
+        scratch.mkdir(parents=True, exist_ok=True)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="tpu-levers-"))
+    hand = Path(args.hand_from) if args.hand_from else scratch / "hand.json"
+    steps = []
+    try:
+        for i, (label, commit, contender, levers) in enumerate(LEVERS):
+            print(f"[{i}] {label} ({commit}, {contender})", file=sys.stderr, flush=True)
+            done = scratch / f"lever{i}.json"
+            if _complete(done, args.only, contender):
+                data = json.loads(done.read_text())
+            else:
+                shutil.rmtree(scratch / f"lever{i}", ignore_errors=True)
+                folder = snapshot(commit, scratch / f"lever{i}")
+                data = run(folder, f"lever{i}", contender, levers, hand, scratch, args)
+            if not hand.exists():
+                hand.write_text(json.dumps(data))
+            data["derived"] = derive(data["rows"])
+            steps.append(
+                {
+                    "label": label,
+                    "commit": commit,
+                    "contender": contender,
+                    "levers": levers,
+                    "rows": data["rows"],
+                    "derived": data["derived"],
+                    "totals": {
+                        w: {c: totals(r) for c, r in by.items() if "error" not in r}
+                        for w, by in data["rows"].items()
+                    },
+                    "conditions": data["conditions"],
+                }
+            )
+            (out / "tpu-levers.json").write_text(
+                json.dumps({"target": args.target, "steps": steps}, indent=1) + "\n"
+            )
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print(table(steps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,817 @@
+"""Our TPU programs against hand-written JAX: ``python -m benchmarks.tpu_programs``.
+
+Compiles for a TPU topology, without a TPU (libtpu's compiler on compile-only topology devices;
+nothing runs), the programs of a training step and an inference forward of
+``transformers.LlamaForCausalLM`` (SDPA attention) and of a ``ViTForImageClassification``
+training step, two ways, and reads XLA's own analysis of each:
+
+- **hand**: the same model written directly in JAX (``benchmarks/hand_llama.py``,
+  ``benchmarks/hand_vit.py``): the training step (forward, backward, AdamW) as ONE jitted
+  program with parameters and optimizer state donated; the inference forward returns the logits
+  and the KV cache HF returns;
+- **ours**: what ``torch.compile(..., backend="tpu", options={"target": ...})`` compiles for the
+  user's code (``tpu_inductor.programs`` records each program). ``3prog``: the model and
+  ``opt.step`` compiled separately (forward, backward and AdamW programs); ``1prog``: the whole
+  step compiled as one function with ``tpu_inductor.compile_step`` (one program).
+
+Per program and per step (summed over its programs): XLA's "bytes accessed" and FLOPs
+(``cost_analysis``); the HBM peak (``memory_analysis``: arguments + outputs - aliased +
+temporaries + code, plus, for a step split into programs, the parameters and optimizer state
+that stay on the chip beside a program without being its arguments); the compile's CPU seconds
+(hand: tracing, lowering and the TPU compile; ours: everything from the user's call: Dynamo,
+AOTAutograd, our lowering and the TPU compile); the optimized HLO's top-level copies. Ratios are
+ours / hand from one run; each contender compiles in a process of its own.
+
+``--small`` uses tiny sizes (tests, CI). libtpu must be installed (``pip install -e '.[tpu]'``;
+here the interpreter ``/work/tpuenv/bin/python```).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Per model: sizes (full, small) and the batch (full, small): token ids [batch, seq] for the Llama,
+# images [batch, 3, size, size] for the ViT (sizes["image"]).
+SIZES = {
+    "llama": (
+        dict(hidden=512, intermediate=1408, layers=4, heads=8, kv_heads=2, vocab=8000),
+        dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256),
+    ),
+    "vit": (
+        dict(hidden=384, intermediate=1536, layers=4, heads=6, image=224, patch=16, labels=1000),
+        dict(hidden=32, intermediate=64, layers=2, heads=4, image=16, patch=4, labels=10),
+    ),
+}
+BATCH = {"llama": ((4, 256), (2, 32)), "vit": ((8,), (2,))}
+
+WORKLOADS = (
+    "train-f32",
+    "train-bf16",
+    "infer-f32",
+    "infer-bf16",
+    "vit-train-f32",
+    "vit-train-bf16",
+)
+
+
+def parse_workload(workload: str) -> tuple[str, str, str]:
+    """``"[model-]kind-dtype"`` -> (model, kind, dtype); the model defaults to the Llama."""
+    parts = workload.split("-")
+    model = parts[0] if len(parts) == 3 else "llama"
+    kind, dtype = parts[-2:]
+    if model not in SIZES or kind not in ("train", "infer") or dtype not in ("f32", "bf16"):
+        raise ValueError(f"unknown workload {workload!r}")
+    return model, kind, dtype
+
+
+CONTENDERS = ("hand", "ours-3prog", "ours-1prog")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets and program analysis
+
+
+@dataclasses.dataclass
+class Target:
+    """A libtpu topology's first chip, for the hand-written programs (compile only)."""
+
+    name: str
+    device: Any
+
+    @classmethod
+    def make(cls, name: str) -> Target:
+        from tpu_inductor.targets import tpu_target
+
+        return cls(name, tpu_target(name).devices[0])
+
+    def struct(self, shape, dtype):
+        import jax
+        from jax.sharding import SingleDeviceSharding
+
+        return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=SingleDeviceSharding(self.device))
+
+    def place(self, tree):
+        """A pytree of ShapeDtypeStructs, each placed on the target's device."""
+        import jax
+
+        return jax.tree.map(lambda s: self.struct(s.shape, s.dtype), tree)
+
+
+_SHAPE = re.compile(r"^(pred|[a-z]+\d+)\[([\d,]*)\]")
+_BITS = {"pred": 8}
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
+
+
+def _shape_bytes(text: str) -> int:
+    """Bytes of an HLO array shape (``f32[4,256]{1,0}``); 0 for tuples and tokens."""
+    m = _SHAPE.match(text)
+    if not m:
+        return 0
+    kind, dims = m.groups()
+    bits = _BITS.get(kind) or int(re.sub(r"\D", "", kind) or 8)
+    n = 1
+    for d in filter(None, dims.split(",")):
+        n *= int(d)
+    return n * bits // 8
+
+
+def hlo_summary(text: str) -> dict[str, Any]:
+    """Counts of the optimized HLO's top-level (ENTRY) instructions by opcode, and the bytes
+    written by its top-level copies (layout changes XLA could not fold into a fusion)."""
+    entry, depth, ops = False, 0, {}
+    copy_bytes = 0
+    for line in text.splitlines():
+        if line.startswith("ENTRY "):
+            entry = True
+            continue
+        if not entry:
+            continue
+        if line.startswith("}"):
+            break
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        _, shape, opcode, _ = m.groups()
+        ops[opcode] = ops.get(opcode, 0) + 1
+        if opcode == "copy":
+            copy_bytes += _shape_bytes(shape)
+    del depth
+    return {"ops": dict(sorted(ops.items())), "copy_bytes": copy_bytes}
+
+
+SAVE_HLO: Path | None = None  # --save-hlo: write each program's optimized HLO there
+
+
+def analyze(compiled) -> dict:
+    """XLA's figures for one compiled program (the hand-written ones; ours come from
+    ``tpu_inductor.programs``, which reads the same analyses)."""
+    text = compiled.as_text()
+    if SAVE_HLO is not None:
+        SAVE_HLO.mkdir(parents=True, exist_ok=True)
+        (SAVE_HLO / f"program{len(list(SAVE_HLO.iterdir()))}.hlo.txt").write_text(text)
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):  # older jaxlibs: one dict per partition
+        cost = cost[0]
+    mem = compiled.memory_analysis()
+    args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
+    alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
+    summary = hlo_summary(text)
+    return {
+        "bytes": float(cost.get("bytes accessed", 0.0)),
+        "flops": float(cost.get("flops", 0.0)),
+        # as tpu_inductor.programs.Program.peak_bytes counts it
+        "hbm_peak": int(args + outs - alias + temp + mem.generated_code_size_in_bytes),
+        "arguments": int(args),
+        "outputs": int(outs),
+        "aliased": int(alias),
+        "temp": int(temp),
+        "copies": summary["ops"].get("copy", 0),
+        "copy_bytes": summary["copy_bytes"],
+        "fusions": summary["ops"].get("fusion", 0),
+    }
+
+
+def compile_jitted(jitted, args) -> tuple[Any, float, float]:
+    """``jitted.trace(*args).lower().compile()``: (compiled, CPU seconds, wall seconds)."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    compiled = jitted.trace(*args).lower().compile()
+    return compiled, time.process_time() - c0, time.perf_counter() - w0
+
+
+# ----------------------------------------------------------------------------------------------
+# hand: the hand-written JAX programs
+
+
+def run_hand(workload: str, small: bool, target: Target) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import hand_llama, hand_vit
+
+    model, kind, dtype_name = parse_workload(workload)
+    sizes, batch = SIZES[model][small], BATCH[model][small]
+    dtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype_name]
+    if model == "llama":
+        M, spec = hand_llama, hand_llama.LlamaSizes(**sizes)
+        inputs = (target.struct(batch, jnp.int32),)
+    else:
+        M, spec = hand_vit, hand_vit.ViTSizes(**sizes)
+        image = (batch[0], spec.channels, spec.image, spec.image)
+        inputs = (target.struct(image, dtype), target.struct(batch, jnp.int32))
+    like = M.params_like(spec, dtype)
+    params = target.place(like)
+    if kind == "train":
+        state = target.place(hand_llama.adamw_like(like))
+        jitted, args, name = M.jitted_train_step(spec), (params, state, *inputs), "train_step"
+    else:
+        jitted, args, name = M.jitted_forward(spec), (params, *inputs[:1]), "forward"
+    compiled, cpu_s, wall_s = compile_jitted(jitted, args)
+    program = {"name": name, "kind": kind, **analyze(compiled), "compile_wall_s": wall_s}
+    program["outside_state"] = 0
+    param_bytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like))
+    # Tracing, lowering and the TPU compile: what a JAX user waits for.
+    return {"programs": [program], "param_bytes": int(param_bytes), "compile_cpu_s": cpu_s}
+
+
+# ----------------------------------------------------------------------------------------------
+# ours: the programs torch.compile(..., backend="tpu", options={"target": ...}) compiles
+
+
+def _torch_workload(model_name: str, small: bool, dtype):
+    """The transformers model, its batch, and the training loss / inference call on it."""
+    import torch
+    import transformers
+
+    from benchmarks import hand_llama, hand_vit
+
+    sizes, batch = SIZES[model_name][small], BATCH[model_name][small]
+    torch.manual_seed(0)
+    if model_name == "llama":
+        config = hand_llama.LlamaSizes(**sizes).hf_config()
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+        ids = torch.randint(0, sizes["vocab"], batch)
+        return model, (lambda m: m(ids, labels=ids).loss), (lambda m: m(ids))
+    spec = hand_vit.ViTSizes(**sizes)
+    model = transformers.ViTForImageClassification(spec.hf_config()).to(dtype)
+    pixels = torch.randn(batch[0], spec.channels, spec.image, spec.image, dtype=dtype)
+    labels = torch.randint(0, spec.labels, batch)
+    return model, (lambda m: m(pixel_values=pixels, labels=labels).loss), (lambda m: m(pixels))
+
+
+def run_ours(workload: str, variant: str, small: bool, target: str, options: dict) -> dict:
+    """Compile the workload's step with ``options={"target": target}`` (compile only: nothing
+    runs) and read each program the backend recorded (``tpu_inductor.programs.PROGRAMS``)."""
+    import collections
+
+    import torch
+
+    import tpu_inductor
+    from tpu_inductor import programs as recorded
+    from tpu_inductor.dtypes import to_jax_dtype
+
+    model_name, kind, dtype_name = parse_workload(workload)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    model, loss_of, infer = _torch_workload(model_name, small, dtype)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    compile_kw = {"backend": "tpu", "options": {"target": target, **options}}
+    torch._dynamo.reset()
+    tpu_inductor.reset()
+    marks: list[int] = []  # how many programs were recorded when each call began
+    cpu: list[float] = []  # each call's CPU seconds: Dynamo, AOTAutograd, lowering, TPU compile
+
+    def timed(fn) -> None:
+        marks.append(len(recorded.PROGRAMS))
+        c0 = time.process_time()
+        fn()
+        cpu.append(time.process_time() - c0)
+
+    t0 = time.perf_counter()
+    if kind == "infer":
+        model.eval()
+        compiled = torch.compile(model, **compile_kw)
+        with torch.no_grad():
+            timed(lambda: infer(compiled))
+        state = list(model.parameters())
+    else:
+        model.train()
+        opt = torch.optim.AdamW(model.parameters())
+        step = _train_step(variant, model, opt, compile_kw, loss_of)
+        for _ in range(2):  # the second step runs with the optimizer state in place
+            timed(step)
+        state = list(model.parameters()) + [
+            t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+        ]
+    frontend_s = time.perf_counter() - t0
+    chosen, calls = _step_programs(list(recorded.PROGRAMS), marks)
+    failed = [p for p in chosen if not p.compiled]
+    if failed:
+        raise RuntimeError("; ".join(f"{p.name}: {p.error}" for p in failed))
+    state_shapes = collections.Counter(
+        (tuple(t.shape), str(np.dtype(to_jax_dtype(t.dtype)))) for t in state
+    )
+    state_bytes = sum(t.numel() * t.element_size() for t in state)
+    programs = []
+    for p in chosen:
+        m = p.memory
+        summary = hlo_summary(p.hlo_text)
+        programs.append(
+            {
+                "name": p.name,
+                "kind": p.role,
+                "bytes": p.bytes_accessed,
+                "flops": p.flops,
+                "hbm_peak": int(p.peak_bytes),
+                "arguments": m["argument"],
+                "outputs": m["output"],
+                "aliased": m["alias"],
+                "temp": m["temp"],
+                "compile_wall_s": p.compile_seconds,
+                "copies": summary["ops"].get("copy", 0),
+                "copy_bytes": summary["copy_bytes"],
+                "fusions": summary["ops"].get("fusion", 0),
+                "outside_state": max(0, state_bytes - _state_in(p.inputs, state_shapes)),
+            }
+        )
+        if SAVE_HLO is not None:
+            SAVE_HLO.mkdir(parents=True, exist_ok=True)
+            (SAVE_HLO / f"{p.name}.hlo.txt").write_text(p.hlo_text)
+    return {
+        "programs": programs,
+        "param_bytes": int(param_bytes),
+        "frontend_s": frontend_s,
+        # Everything from the user's call to the compiled programs: Dynamo, AOTAutograd, our
+        # lowering and the TPU compile of the calls that compiled the step's programs.
+        "compile_cpu_s": sum(cpu[i] for i in sorted(calls)),
+    }
+
+
+def _step_programs(programs: list, marks: list[int]) -> tuple[list, set[int]]:
+    """The programs the last call runs, and the calls that compiled them: per role (forward,
+    backward, optimizer, inference), those compiled by the latest call that compiled that role
+    (a one-program step's first call compiles a program that also creates the optimizer state;
+    its second call, the steady state; a split step compiles all three programs in its first)."""
+    call_of = [sum(1 for m in marks if m <= i) - 1 for i in range(len(programs))]
+    last: dict[str, int] = {}
+    for p, c in zip(programs, call_of, strict=True):
+        last[p.role] = max(last.get(p.role, 0), c)
+    chosen = [p for p, c in zip(programs, call_of, strict=True) if c == last[p.role]]
+    return chosen, {last[p.role] for p in chosen}
+
+
+def _state_in(inputs: list, state_shapes) -> int:
+    """Bytes of a program's arguments that are parameters or optimizer state, matched by shape
+    and dtype (for these models no activation has a parameter's shape)."""
+    left = dict(state_shapes)
+    total = 0
+    for shape, dtype in inputs:
+        key = (tuple(shape), str(dtype))
+        if left.get(key, 0) > 0:
+            left[key] -= 1
+            total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return total
+
+
+def _train_step(variant: str, model, opt, compile_kw: dict, loss_of):
+    """The user's training step: ``3prog`` compiles the model and ``opt.step`` (forward,
+    backward and AdamW programs), ``1prog`` the whole step (``tpu_inductor.compile_step``)."""
+    import torch
+
+    if variant == "3prog":
+        cmodel = torch.compile(model, **compile_kw)
+        cstep = torch.compile(opt.step, **compile_kw)
+
+        def step():
+            loss = loss_of(cmodel)
+            loss.backward()
+            cstep()
+            opt.zero_grad()
+            return loss.detach()
+
+        return step
+    if variant == "1prog":
+        import tpu_inductor
+
+        def train_step():
+            loss = loss_of(model)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        return tpu_inductor.compile_step(
+            train_step, opt, options=compile_kw["options"], fullgraph=True
+        )
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Totals, ratios, the run
+
+
+def totals(result: dict) -> dict:
+    """Per-step figures: sums over the step's programs; the HBM peak is the largest program's
+    peak plus the state living beside it."""
+    programs = result["programs"]
+    return {
+        "programs": len(programs),
+        "bytes": sum(p["bytes"] for p in programs),
+        "flops": sum(p["flops"] for p in programs),
+        "hbm_peak": max(p["hbm_peak"] + p["outside_state"] for p in programs),
+        "compile_cpu_s": result["compile_cpu_s"],
+        "compile_wall_s": sum(p["compile_wall_s"] for p in programs),
+        "copies": sum(p["copies"] for p in programs),
+        "copy_bytes": sum(p["copy_bytes"] for p in programs),
+    }
+
+
+RATIO_KEYS = ("bytes", "flops", "hbm_peak", "compile_cpu_s")
+
+
+def derive(rows: dict) -> dict:
+    """ours / hand for every workload and ours variant measured."""
+    out: dict[str, dict] = {}
+    for workload, by in rows.items():
+        hand = by.get("hand")
+        if not hand or "error" in hand:
+            continue
+        ht = totals(hand)
+        for contender, res in by.items():
+            if contender == "hand" or "error" in res:
+                continue
+            t = totals(res)
+            out.setdefault(workload, {})[contender] = {
+                k: (t[k] / ht[k] if ht[k] else float("nan")) for k in RATIO_KEYS
+            }
+    return out
+
+
+def apply_levers(levers: dict[str, Any]) -> None:
+    """Set ``tpu_inductor.<module>.<NAME> = value`` for each ``"module.NAME": value``."""
+    import importlib
+
+    for key, value in levers.items():
+        module, name = key.rsplit(".", 1)
+        mod = importlib.import_module(f"tpu_inductor.{module}")
+        if not hasattr(mod, name):
+            raise ValueError(f"--levers: tpu_inductor.{module} has no {name}")
+        setattr(mod, name, value)
+
+
+def run_one(args: argparse.Namespace) -> dict:
+    """One (workload, contender) in this process."""
+    options = json.loads(args.options) if args.options else {}
+    apply_levers(json.loads(args.levers) if args.levers else {})
+    if args.save_hlo:
+        global SAVE_HLO
+        SAVE_HLO = Path(args.save_hlo) / f"{args.workload}-{args.contender}"
+    if args.contender == "hand":
+        return run_hand(args.workload, args.small, Target.make(args.target))
+    variant = args.contender.removeprefix("ours-")
+    if parse_workload(args.workload)[1] == "infer" and variant != "3prog":
+        return {"skipped": "inference is one program already"}
+    return run_ours(args.workload, variant, args.small, args.target, options)
+
+
+def _subprocess(args: argparse.Namespace, workload: str, contender: str) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.tpu_programs",
+        "--one",
+        "--workload",
+        workload,
+        "--contender",
+        contender,
+        "--target",
+        args.target,
+    ]
+    if args.small:
+        cmd.append("--small")
+    if args.options:
+        cmd += ["--options", args.options]
+    if args.levers:
+        cmd += ["--levers", args.levers]
+    if args.save_hlo:
+        cmd += ["--save-hlo", args.save_hlo]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    env.setdefault("JAX_PLATFORMS", "cpu")  # a compile-only run needs no TPU
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout_s
+    )
+    sys.stderr.write(
+        "".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("  "))
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-4000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def conditions(argv: list[str]) -> dict:
+    """What the numbers depend on: the command, the machine, its load, the versions."""
+    import platform
+
+    import jax
+    import torch
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    versions = {"torch": torch.__version__, "jax": jax.__version__}
+    try:
+        from importlib.metadata import version
+
+        versions["libtpu"] = version("libtpu")
+    except Exception:
+        pass
+    return {
+        "command": "python -m benchmarks.tpu_programs " + " ".join(argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "load_before": load,
+        "versions": versions,
+    }
+
+
+def _same_hand(earlier: dict | None, workload: str, small: bool) -> bool:
+    """Whether ``earlier`` has the hand-written row of ``workload`` at the same sizes."""
+    if not earlier or "hand" not in earlier["rows"].get(workload, {}):
+        return False
+    model = parse_workload(workload)[0]
+    sizes = earlier["sizes"].get(model, earlier["sizes"])  # older files: the Llama's alone
+    return sizes == SIZES[model][small] and earlier.get("small") == small
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--small", action="store_true", help="tiny sizes (tests, CI)")
+    p.add_argument("--target", default="v5e:2x2", help="a TPU topology (libtpu compiles it)")
+    p.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--options", default="", help="backend options for ours, as JSON")
+    p.add_argument(
+        "--levers",
+        default="",
+        help='internal switches for ours, as JSON {"module.NAME": value} under tpu_inductor '
+        '(e.g. {"capture.PARTITIONER": "default"}), to measure a lever before/after',
+    )
+    p.add_argument(
+        "--hand-from",
+        default="",
+        help="take the hand-written rows from this earlier results file (same sizes and "
+        "target) instead of compiling them again",
+    )
+    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--save-hlo", default="", help="write each program's optimized HLO here")
+    p.add_argument("--name", default=None, help="results file name (default tpu-programs)")
+    p.add_argument("--timeout-s", type=float, default=3600.0)
+    p.add_argument("--in-process", action="store_true", help="no subprocesses (tests)")
+    p.add_argument(
+        "--readme",
+        action="store_true",
+        help="rewrite README.md's TPU-programs block from this run's results",
+    )
+    p.add_argument(
+        "--readme-only",
+        default="",
+        metavar="RESULTS_JSON",
+        help="rewrite README.md's TPU-programs block from a results file; run nothing",
+    )
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--workload", help=argparse.SUPPRESS)
+    p.add_argument("--contender", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.readme_only:
+        write_readme(Path(args.readme_only), ROOT / "README.md")
+        return 0
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return 0
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = args.name or ("tpu-programs-small" if args.small else "tpu-programs")
+    data: dict[str, Any] = {
+        "conditions": conditions(argv),
+        "target": args.target,
+        "small": args.small,
+        "sizes": {m: SIZES[m][args.small] for m in SIZES},
+        "batch": {m: BATCH[m][args.small] for m in BATCH},
+        "options": json.loads(args.options) if args.options else {},
+        "levers": json.loads(args.levers) if args.levers else {},
+        "rows": {},
+    }
+    earlier = json.loads(Path(args.hand_from).read_text()) if args.hand_from else None
+    if earlier is not None and earlier["target"] != data["target"]:
+        raise SystemExit(f"--hand-from {args.hand_from}: another target")
+    for workload in [w for w in args.only.split(",") if w]:
+        for contender in [c for c in args.contenders.split(",") if c]:
+            log(f"{workload} / {contender} ...")
+            t0 = time.perf_counter()
+            if contender == "hand" and _same_hand(earlier, workload, args.small):
+                res = dict(earlier["rows"][workload]["hand"], reused_from=args.hand_from)
+                data["rows"].setdefault(workload, {})[contender] = res
+                continue
+            if args.in_process:
+                one = argparse.Namespace(**{**vars(args), "workload": workload})
+                one.contender = contender
+                res = run_one(one)
+            else:
+                res = _subprocess(args, workload, contender)
+            if "skipped" in res:
+                continue
+            res["wall_s"] = time.perf_counter() - t0
+            data["rows"].setdefault(workload, {})[contender] = res
+            if "error" in res:
+                log(f"  failed: {res['error'][-600:]}")
+            data["derived"] = derive(data["rows"])
+            (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    try:
+        data["conditions"]["load_after"] = os.getloadavg()
+    except OSError:
+        pass
+    data["derived"] = derive(data["rows"])
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(table(data))
+    plot(data, out_dir / f"{name}.png")
+    if args.readme:
+        write_readme(out_dir / f"{name}.json", ROOT / "README.md")
+    return 0
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:,.1f}"
+
+
+def table(data: dict) -> str:
+    """A Markdown table: per workload and contender, the step's figures and ours/hand."""
+    lines = [
+        "| workload | program(s) | bytes accessed (MB) | GFLOP | HBM peak (MB) | "
+        "TPU compile CPU s | top-level copies | ours/hand: bytes, FLOPs, HBM, compile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, by in data["rows"].items():
+        for contender, res in by.items():
+            if "error" in res:
+                lines.append(f"| {workload} | {contender}: failed | | | | | | |")
+                continue
+            t = totals(res)
+            r = data.get("derived", {}).get(workload, {}).get(contender)
+            ratios = ", ".join(f"{r[k]:.2f}x" for k in RATIO_KEYS) if r else "(reference)"
+            lines.append(
+                f"| {workload} | {contender} ({t['programs']}) | {_mb(t['bytes'])} | "
+                f"{t['flops'] / 1e9:.2f} | {_mb(t['hbm_peak'])} | {t['compile_cpu_s']:.1f} | "
+                f"{t['copies']} | {ratios} |"
+            )
+    return "\n".join(lines)
+
+
+README_START = "<!-- tpu-programs:start -->"
+README_END = "<!-- tpu-programs:end -->"
+WORKLOAD_NAMES = {
+    "train-f32": "Llama training step, float32",
+    "train-bf16": "Llama training step, bfloat16",
+    "infer-f32": "Llama inference forward, float32",
+    "infer-bf16": "Llama inference forward, bfloat16",
+    "vit-train-f32": "ViT training step, float32",
+    "vit-train-bf16": "ViT training step, bfloat16",
+}
+CONTENDER_NAMES = {
+    "hand": "hand-written JAX (1 jitted program)",
+    "ours-3prog": "ours, model + `opt.step` compiled apart",
+    "ours-1prog": "ours, `tpu_inductor.compile_step`",
+}
+
+
+def _load(values) -> str:
+    return "n/a" if not values else f"{values[0]:.1f}"
+
+
+def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | None) -> str:
+    """The README's TPU-programs block, from a results file (and the levers file)."""
+    c = data["conditions"]
+    v = c["versions"]
+    sizes = data["sizes"]
+    llama, vit = sizes["llama"], sizes["vit"]
+    lines = [
+        README_START,
+        f"<!-- Written by python -m benchmarks.tpu_programs --readme from {rel_json}; "
+        "do not edit by hand. -->",
+        "",
+        f"Target {data['target']} (one chip), compile only (libtpu {v.get('libtpu', '?')}, "
+        f"jax {v['jax']}, torch {v['torch']}); {c['cpu_count']} CPUs ({c['processor']}, "
+        f"{c['machine']}), load avg {_load(c.get('load_before'))} at start and "
+        f"{_load(c.get('load_after'))} at the end (shared with other jobs); {c['date']}.",
+        "",
+        f"Command: `{c['command']}`.",
+        "",
+        f"Models: transformers `LlamaForCausalLM` (hidden {llama['hidden']}, intermediate "
+        f"{llama['intermediate']}, {llama['layers']} layers, {llama['heads']} heads / "
+        f"{llama['kv_heads']} KV heads, vocabulary {llama['vocab']}, SDPA), batch "
+        f"{' x '.join(map(str, data['batch']['llama']))} tokens, `labels=ids`, AdamW; "
+        f"`ViTForImageClassification` (hidden {vit['hidden']}, {vit['layers']} layers, "
+        f"{vit['heads']} heads, {vit['image']} px, patch {vit['patch']}, {vit['labels']} "
+        f"classes), batch {data['batch']['vit'][0]}. float32 matmuls at HIGHEST on both sides. "
+        "Bytes and FLOPs are XLA's `cost_analysis` of each program, summed over a step's "
+        "programs; HBM peak is `memory_analysis` (arguments + outputs - donated + temporaries + "
+        "code; for a split step, the largest program's plus the state it leaves on the chip); "
+        "compile is CPU seconds (hand: tracing, lowering and TPU compile; ours: the whole call, "
+        "Dynamo, AOTAutograd, lowering and TPU compile). Ratios are ours / hand-written.",
+        "",
+        "| workload | contender | programs | bytes accessed | GFLOP | HBM peak | compile CPU s "
+        "| top-level copies | bytes | FLOPs | HBM | compile |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, by in data["rows"].items():
+        for contender, res in by.items():
+            name = WORKLOAD_NAMES.get(workload, workload)
+            who = CONTENDER_NAMES.get(contender, contender)
+            if "error" in res:
+                lines.append(f"| {name} | {who} | failed | | | | | | | | | |")
+                continue
+            t = totals(res)
+            r = data.get("derived", {}).get(workload, {}).get(contender)
+            ratios = [f"{r[k]:.2f}x" for k in RATIO_KEYS] if r else ["-"] * 4
+            lines.append(
+                f"| {name} | {who} | {t['programs']} | {_mb(t['bytes'])} MB | "
+                f"{t['flops'] / 1e9:.1f} | {_mb(t['hbm_peak'])} MB | {t['compile_cpu_s']:.0f} | "
+                f"{t['copies']} | " + " | ".join(ratios) + " |"
+            )
+    if levers and levers.get("steps"):
+        from benchmarks import tpu_levers
+
+        first = levers["steps"][0]["conditions"]
+        lines += [
+            "",
+            "Each lever, cumulative, on the Llama training step (ours / hand-written: bytes "
+            "accessed, FLOPs, HBM peak, compile CPU s). `python -m benchmarks.tpu_levers` "
+            "compiles the backend as it was at each lever's commit of branch issue22 "
+            f"({levers['target']}, {first['date']}, load avg {_load(first.get('load_before'))} "
+            "at start; compile ratios on a loaded machine are +-20%):",
+            "",
+            tpu_levers.table(levers["steps"]),
+        ]
+    if rel_png:
+        lines += ["", f"![ours / hand-written JAX per figure]({rel_png})"]
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def write_readme(json_path: Path, readme: Path) -> None:
+    """Rewrite ``readme``'s TPU-programs block from ``json_path`` (and ``tpu-levers.json``
+    beside it, when there is one)."""
+    data = json.loads(json_path.read_text())
+    levers_path = json_path.with_name("tpu-levers.json")
+    levers = json.loads(levers_path.read_text()) if levers_path.exists() else None
+    base = readme.resolve().parent
+    png = json_path.with_suffix(".png")
+    rel = lambda q: Path(os.path.relpath(q.resolve(), base)).as_posix()  # noqa: E731
+    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None)
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{readme}: no {README_START} ... {README_END} block to rewrite")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(head + block + tail)
+
+
+def plot(data: dict, path: Path) -> None:
+    """Bars of ours / hand per workload and figure; nothing without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    derived = data.get("derived", {})
+    groups = [(w, c) for w, by in derived.items() for c in by]
+    if not groups:
+        return
+    labels = {"bytes": "bytes accessed", "flops": "FLOPs", "hbm_peak": "HBM peak",
+              "compile_cpu_s": "compile CPU s"}  # fmt: skip
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    width = 0.8 / len(RATIO_KEYS)
+    for k, key in enumerate(RATIO_KEYS):
+        xs = [i + (k - (len(RATIO_KEYS) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [derived[w][c][key] for w, c in groups], width, label=labels[key])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.1, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{w}\n{c}" for w, c in groups], fontsize=8)
+    ax.set_ylabel("ours / hand-written JAX")
+    where = "compile only"
+    size = "small" if data["small"] else "Llama 512x4, batch 4x256"
+    ax.set_title(f"TPU programs vs hand-written JAX: {data['target']} {where}, {size}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

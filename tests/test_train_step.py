@@ -1,0 +1,194 @@
+"""``tpu_inductor.compile_step``: a whole training step (forward, ``loss.backward()``,
+``opt.step()``, ``opt.zero_grad()``) compiled as ONE program, with eager's numbers: the loss of
+every step, every parameter and every optimizer state tensor after it."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import tpu_inductor
+from tpu_inductor import cache
+from tpu_inductor.dtypes import tolerance
+
+ATOL, RTOL = tolerance(torch.float32, level="op")
+
+
+def _programs_per_call(fn, *args):
+    """How many compiled programs one call of ``fn`` runs, and its result."""
+    before = {id(c.exes): c.exes.hits + c.exes.misses for c in list(cache.COMPILED)}
+    out = fn(*args)
+    runs = 0
+    seen = set()
+    for c in list(cache.COMPILED):
+        if id(c.exes) in seen:
+            continue
+        seen.add(id(c.exes))
+        runs += c.exes.hits + c.exes.misses - before.get(id(c.exes), 0)
+    return runs, out
+
+
+def _same_state(opt_c, opt_e, params_c, params_e, what):
+    for pc, pe in zip(params_c, params_e, strict=True):
+        torch.testing.assert_close(pc.detach(), pe.detach(), atol=ATOL, rtol=RTOL)
+        sc, se = opt_c.state[pc], opt_e.state[pe]
+        assert set(sc) == set(se), what
+        for k in se:
+            torch.testing.assert_close(sc[k], se[k], atol=ATOL, rtol=RTOL, msg=f"{what} {k}")
+
+
+def _run(model_e, make_opt, batch, loss_of, steps=3):
+    model_c = copy.deepcopy(model_e)
+    opt_e, opt_c = make_opt(model_e), make_opt(model_c)
+
+    def train_step(*b):
+        loss = loss_of(model_c, *b)
+        loss.backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        return loss.detach()
+
+    step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
+    runs = []
+    for i in range(steps):
+        n, loss_c = _programs_per_call(step, *batch)
+        runs.append(n)
+        loss_e = loss_of(model_e, *batch)
+        loss_e.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        torch.testing.assert_close(loss_c, loss_e.detach(), atol=ATOL, rtol=RTOL)
+        _same_state(opt_c, opt_e, list(model_c.parameters()), list(model_e.parameters()), i)
+        assert all(p.grad is None for p in model_c.parameters()), "zero_grad ran in the step"
+        # Outside the call the optimizer is the user's own again.
+        assert "step" not in opt_c.__dict__ and "zero_grad" not in opt_c.__dict__
+    return runs
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+
+
+def _mse(model, x, y):
+    return (model(x) - y).square().mean()
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-3),
+        lambda m: torch.optim.Adam(m.parameters(), lr=1e-3, eps=1e-3, weight_decay=0.1),
+        lambda m: torch.optim.Adam(m.parameters(), lr=1e-3, eps=1e-3, amsgrad=True),
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True),
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, weight_decay=0.01),
+    ],
+    ids=["adamw", "adam-wd", "adam-amsgrad", "sgd-nesterov", "sgd-plain"],
+)
+def test_mlp_step_is_one_program_with_eager_numbers(make_opt):
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g))
+    runs = _run(_mlp(), make_opt, batch, _mse)
+    # Step 1 compiles a program that also creates the optimizer state; from then on each step
+    # is one program.
+    assert runs == [1, 1, 1]
+
+
+def test_llama_step_is_one_program_with_eager_numbers():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2))
+    runs = _run(
+        model,
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-3),
+        (ids,),
+        lambda m, ids: m(ids, labels=ids).loss,
+    )
+    assert runs == [1, 1, 1]
+
+
+def test_other_optimizers_warn_and_keep_their_own_step():
+    model = _mlp()
+    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    with pytest.warns(UserWarning, match=r"RMSprop.step\(\) will be compiled as a separate"):
+        tpu_inductor.compile_step(lambda: None, opt)
+
+
+def test_only_optimizers_are_accepted():
+    with pytest.raises(TypeError, match="torch.optim.Optimizer instances"):
+        tpu_inductor.compile_step(lambda: None, [nn.Linear(2, 2)])
+
+
+def test_eager_step_outside_is_untouched():
+    """After compiled steps, the optimizer's eager step() is the class's (hooks included)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 8)
+
+    def train_step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    tpu_inductor.compile_step(train_step, opt)(x)
+    called = []
+    opt.register_step_post_hook(lambda *a: called.append(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x).sum().backward()
+        opt.step()
+    assert called == [1]
+
+
+def test_lr_scheduler_with_a_tensor_lr_steps_without_recompiling():
+    """A scheduler changes a tensor lr in place: no recompile per step, eager's numbers, and the
+    scheduler's own wrapper of opt.step is kept (it warns when its step comes first)."""
+    model_e = _mlp()
+    model_c = copy.deepcopy(model_e)
+
+    def make(m):
+        opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2), eps=1e-3)
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    (opt_e, sched_e), (opt_c, sched_c) = make(model_e), make(model_c)
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+
+    def train_step(x, y):
+        loss = _mse(model_c, x, y)
+        loss.backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        return loss.detach()
+
+    step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()"
+        for _ in range(4):
+            loss_c = step(x, y)
+            sched_c.step()
+            loss_e = _mse(model_e, x, y)
+            loss_e.backward()
+            opt_e.step()
+            opt_e.zero_grad()
+            sched_e.step()
+            torch.testing.assert_close(loss_c, loss_e.detach(), atol=ATOL, rtol=RTOL)
+    _same_state(opt_c, opt_e, list(model_c.parameters()), list(model_e.parameters()), "lr")
+    assert float(opt_c.param_groups[0]["lr"]) == float(opt_e.param_groups[0]["lr"])
+    assert getattr(opt_c.step, "_wrapped_by_lr_sched", False)
+    assert cache.STATS.graphs == 2  # the first step's program and the steady state's
