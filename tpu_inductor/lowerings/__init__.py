@@ -23,5 +23,4 @@ from tpu_inductor.lowerings import (  # noqa: F401  (each module registers its f
 )
 from tpu_inductor.lowerings.registry import LOWERINGS, LoweringContext, register_lowering
 
-
 __all__ = ["LOWERINGS", "LoweringContext", "register_lowering"]
