@@ -5,8 +5,9 @@
     JAX_PLATFORMS=cpu python examples/compile_for_tpu.py --target v5e:2x2 --shardings fsdp
 
 The model is a transformers Llama built on the meta device: no weight is ever allocated, so the
-same script checks an 8B model from a laptop (``--hidden 4096 --layers 32 --heads 32 --kv-heads
-8 --intermediate 14336 --vocab 128256``). Nothing runs: every graph is compiled by libtpu's TPU
+same script takes an 8B model's sizes on a laptop (``--hidden 4096 --layers 32 --heads 32
+--kv-heads 8 --intermediate 14336 --vocab 128256``; untried here: its TPU compiles take much
+longer than the default model's). Nothing runs: every graph is compiled by libtpu's TPU
 compiler and described (``tpu_inductor.tpu_report()``); a program that does not fit in the
 chip's HBM is reported with by how much.
 """
