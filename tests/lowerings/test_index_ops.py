@@ -313,10 +313,21 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+DEFAULT_DTYPES = (torch.float32, torch.int32, torch.bool)
+
+
+@pytest.mark.parametrize("dtype", DEFAULT_DTYPES, ids=_name)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_index_ops(family, dtype):
     """One family of index ops on one input dtype, every index pattern and index dtype."""
+    _check(FAMILIES[family](), pool_of(dtype))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", sorted(set(DTYPES) - set(DEFAULT_DTYPES), key=str), ids=_name)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_index_ops_other_dtypes(family, dtype):
+    """The same for the input dtypes the default run leaves out (bfloat16, int64)."""
     _check(FAMILIES[family](), pool_of(dtype))
 
 
