@@ -112,6 +112,8 @@ def merge(partials: list[Path], samples: int | None, out: Path) -> None:
         results.setdefault(key, {})[dtype_name] = cell
     data = {
         "samples_per_entry": "all" if samples is None else samples,
+        "pairs_swept": len(records),
+        "pairs_total": len(H.cases(H.load_op_db())),
         "torch": torch.__version__.split("+")[0],
         "results": results,
     }

@@ -14,6 +14,7 @@ import torch
 from jax import lax
 from jax.scipy import special
 
+from tpu_inductor.dtypes import to_jax_dtype
 from tpu_inductor.lowerings.registry import (
     P,
     convert,
@@ -128,13 +129,12 @@ BINARY_FLOAT = {
     aten.atan2: jnp.arctan2,
     aten.hypot: jnp.hypot,
     aten.copysign: jnp.copysign,
-    aten.logaddexp: jnp.logaddexp,
+    aten.logaddexp: lambda a, b: (
+        _complex_logaddexp(a, b) if _is_complex(a) else jnp.logaddexp(a, b)
+    ),
     aten.logaddexp2: jnp.logaddexp2,
     aten.xlogy: special.xlogy,
     aten.special_xlog1py: special.xlog1py,
-    # Lowered rather than decomposed: torch's decomposition computes 2 ** other in float32 for
-    # an integer self, so a bool tensor with a 0-d bfloat16 exponent came out float32.
-    aten.ldexp: lambda a, b: a * jnp.power(jnp.asarray(2, a.dtype), b),
     aten.igamma: lambda a, x: _igamma(a, x, upper=False),
     aten.igammac: lambda a, x: _igamma(a, x, upper=True),
 }
@@ -198,6 +198,25 @@ for _packet, _f in COMPARISONS.items():
     register_lowering(*_overloads(_packet), promote=P.ALWAYS_BOOL, promote_args=(0, 1))(_binary(_f))
 
 
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _complex_logaddexp(x, y):
+    """torch's complex logaddexp (LogAddExp.h): ``max + log1p(exp(min - max))`` with min/max
+    by real part (``x.real < y.real`` picks y as the max), so the result keeps the larger
+    operand's imaginary part unwrapped (jnp's wraps it into (-pi, pi]); a NaN part anywhere
+    gives NaN; equal infinite real parts give ``min`` (-inf) or ``log(exp(x) + exp(y))``."""
+    nan = jnp.isnan(x.real) | jnp.isnan(x.imag) | jnp.isnan(y.real) | jnp.isnan(y.imag)
+    x_is_max = ~(x.real < y.real)
+    hi, lo = jnp.where(x_is_max, x, y), jnp.where(x_is_max, y, x)
+    out = jnp.log1p(jnp.exp(lo - hi)) + hi
+    both_inf = jnp.isinf(lo.real) & (lo.real == hi.real)
+    inf_case = jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
+    out = jnp.where(both_inf, inf_case, out)
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), out.dtype), out)
+
+
 def _igamma(a, x, upper):
     """Regularized lower (upper) incomplete gamma with torch's special cases (calc_igamma):
     a == 0 gives 1 (0) for x > 0, x == 0 gives 0 (1), a == inf gives 0 (1) for finite x,
@@ -226,6 +245,44 @@ def _times_alpha(other, alpha):
         # (a + bi)(re + im i), written out so that XLA does not drop a product by 1 or 0
         return lax.complex(a * re - b * im, a * im + b * re)
     return other * alpha if alpha != 1 else other
+
+
+# aten::ldexp.Tensor(Tensor self, Tensor other) -> Tensor
+@register_lowering(aten.ldexp.Tensor)
+def ldexp(ctx, self, other):
+    # torch's kernel (BinaryOps.cpp): an integer exponent with a real floating self is
+    # std::ldexp in self's dtype; otherwise self * _pow2(self, other), two ops with their own
+    # promotions: pow(2.0, other) for an integer or float32 self (other's dtype, the default
+    # float for an integer other), full((), 2.0, self.dtype).pow(other) for the rest. Lowered
+    # rather than decomposed: the decomposition raised 2 in self's dtype (a bool tensor with
+    # a 0-d bfloat16 exponent came out float32; a 0-d float16 exponent missed the rounding).
+    exact_int = not jnp.issubdtype(other.dtype, jnp.inexact)
+    if exact_int and jnp.issubdtype(self.dtype, jnp.floating):
+        # jnp.ldexp is exact (exp2 of a float rounds: 0.849 * 2**100 was 2e-6 off) and does
+        # not overflow halfway (0.849 * 2**128 is finite in float32, 2**128 is not).
+        wide = upcast(self)
+        exponent = jnp.clip(other.astype(jnp.int64), -4096, 4096).astype(jnp.int32)
+        return jnp.ldexp(wide, exponent).astype(self.dtype)
+    self_meta, other_meta = ctx.arg_metas[0], ctx.arg_metas[1]
+    integral = not (self_meta.dtype.is_floating_point or self_meta.dtype.is_complex)
+    if integral or self_meta.dtype == torch.float32:
+        base = 2.0  # a Python number: a wrapped scalar, it does not promote
+    else:
+        base = torch.empty((), dtype=self_meta.dtype, device="meta")
+    power_dtype = torch.result_type(base, other_meta)  # the power has other's rank
+    power_meta = torch.empty((1,) * other_meta.dim(), dtype=power_dtype, device="meta")
+    # NOTE: the result dtype is the eager kernel's (self times the power), not the meta
+    # function's: ldexp(bool, 0-d float16) is float16 in eager where the meta says float32.
+    out = to_jax_dtype(torch.result_type(self_meta, power_meta))
+    power_dtype = to_jax_dtype(power_dtype)
+    compute = opmath_dtype(power_dtype)
+    if jnp.issubdtype(compute, jnp.complexfloating):
+        power = _complex_pow(jnp.asarray(2, compute), other.astype(compute))
+    else:
+        power = jnp.power(jnp.asarray(2, compute), convert(other, compute))
+    power = power.astype(power_dtype)
+    product = opmath_dtype(out)
+    return (convert(self, product) * power.astype(product)).astype(out)
 
 
 # aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
@@ -410,25 +467,26 @@ def where(ctx, condition, self, other):
 # aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
 @register_lowering(aten.clamp.default, aten.clamp.Tensor, promote=P.DEFAULT)
 def clamp(ctx, self, min=None, max=None):
-    # NOTE: NaN in self propagates (maximum/minimum propagate NaN), like torch.
+    # NOTE: NaN in self propagates (maximum/minimum propagate NaN), like torch. A bound out of
+    # an integer dtype's range wraps as torch's C cast does (uint8: -3 -> 253).
     out = self
     if min is not None:
-        out = jnp.maximum(out, jnp.asarray(min, dtype=out.dtype))
+        out = jnp.maximum(out, scalar_array(min, out.dtype))
     if max is not None:
-        out = jnp.minimum(out, jnp.asarray(max, dtype=out.dtype))
+        out = jnp.minimum(out, scalar_array(max, out.dtype))
     return out
 
 
 # aten::clamp_min(Tensor self, Scalar min) -> Tensor
 @register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote=P.DEFAULT)
 def clamp_min(ctx, self, min):
-    return jnp.maximum(self, jnp.asarray(min, dtype=self.dtype))
+    return jnp.maximum(self, scalar_array(min, self.dtype))
 
 
 # aten::clamp_max(Tensor self, Scalar max) -> Tensor
 @register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote=P.DEFAULT)
 def clamp_max(ctx, self, max):
-    return jnp.minimum(self, jnp.asarray(max, dtype=self.dtype))
+    return jnp.minimum(self, scalar_array(max, self.dtype))
 
 
 # aten::gelu(Tensor self, *, str approximate="none") -> Tensor

@@ -107,6 +107,12 @@ class Lowering:
             common = elementwise_dtypes(*metas, type_promotion_kind=P.NO_OPMATH)[1]
         else:
             common = result
+        # complex32 has no JAX dtype. An op whose result is not complex32 but computes in it
+        # (``eq(float16, 1j)`` is bool) computes in complex64 on operands rounded to half
+        # first: the same numbers. A complex32 result stays the clear UnsupportedDtypeError.
+        half_complex = common == torch.complex32 and result != torch.complex32
+        if half_complex:
+            compute = common = torch.complex64
         compute, common = to_jax_dtype(compute), to_jax_dtype(common)
         args = list(args)
         for i in idx:
@@ -127,8 +133,18 @@ class Lowering:
                 # then converted like a tensor. Left a Python number, the lowering would see
                 # JAX's dtype for it (int64 for ``10000`` in ``torch.pow(10000, x)``).
                 args[i] = convert(scalar_array(args[i], via), compute)
+            if half_complex and i < len(args) and not _is_number(args[i]):
+                args[i] = _round_to_complex_half(args[i])
         out = self.fn(ctx, *args, **kwargs)
         return convert(out, to_jax_dtype(result))
+
+
+def _round_to_complex_half(x: jax.Array) -> jax.Array:
+    """A complex64 ``x`` with both parts rounded to float16, as a complex32 value would be."""
+    half = jnp.float16
+    return jax.lax.complex(
+        x.real.astype(half).astype(jnp.float32), x.imag.astype(half).astype(jnp.float32)
+    )
 
 
 def convert(x, dtype) -> jax.Array:
