@@ -69,6 +69,44 @@ def test_assert_matches_cpu_reports_gradients(broken_gelu):
         assert_matches_cpu(Block(), torch.randn(2, 5, 16), grads=True)
 
 
+def _bf16_transformer():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2).to(torch.bfloat16), torch.randn(
+        2, 16, 64, dtype=torch.bfloat16
+    )
+
+
+def test_assert_matches_cpu_judges_bf16_grads_against_float64(monkeypatch):
+    """A bfloat16 transformer's grads miss eager's by more than bfloat16's tolerance (summed over
+    long reductions) but are as close to the float64 result as eager's: they pass."""
+    from tpu_inductor import testing
+
+    monkeypatch.setattr(testing, "find_divergence", lambda *a, **k: None)  # not needed here
+    model, x = _bf16_transformer()
+    with pytest.raises(AssertionError, match="grad of layers"):
+        assert_matches_cpu(model, x, grads=True, fp64_ref=False)
+    assert_matches_cpu(model, x, grads=True)
+
+
+def test_assert_matches_cpu_bf16_still_catches_a_lowering_bug(monkeypatch):
+    """relu 5% too large: farther from the float64 result than eager by more than 3x."""
+    from tpu_inductor import testing
+
+    monkeypatch.setattr(testing, "find_divergence", lambda *a, **k: None)
+    op = torch.ops.aten.relu.default
+    good = LOWERINGS[op]
+    bad = Lowering(op, lambda ctx, x: good.fn(ctx, x) * 1.05, good.promote, None, False)
+    monkeypatch.setitem(LOWERINGS, op, bad)
+    cache.clear()
+    model, x = _bf16_transformer()
+    try:
+        with pytest.raises(AssertionError, match="RMS error from the float64 run"):
+            assert_matches_cpu(model, x, grads=True)
+    finally:
+        cache.clear()
+
+
 def test_find_divergence_returns_none_when_all_ops_match():
     assert find_divergence(Block(), torch.randn(2, 3, 16), grads=True) is None
 

@@ -36,6 +36,42 @@ def decomposition_table() -> dict:
     return table
 
 
+aten = torch.ops.aten
+
+# Decompositions whose result dtype is not the one torch's own kernel gives, found by
+# tests/test_decompositions.py (every decomposition against eager on OpInfo samples and their
+# mixed-dtype variants). Output k is cast to the dtype of the first tensor argument among the
+# positions RESULT_DTYPES[op][k]: a bfloat16 input with a float32 target keeps huber_loss in
+# bfloat16, where the decomposition promotes. An op whose dtype rule is not "one input's" is
+# lowered instead (select_scatter, ldexp).
+RESULT_DTYPES: dict = {
+    aten.huber_loss.default: ((0,),),
+    aten.soft_margin_loss.default: ((0,),),
+}
+
+
+def _with_result_dtypes(decomposition: Callable, spec: tuple) -> Callable:
+    def dtype_of(args, positions):
+        for i in positions:
+            if i < len(args) and isinstance(args[i], torch.Tensor):
+                return args[i].dtype
+        return None
+
+    @functools.wraps(decomposition)
+    def decompose(*args, **kwargs):
+        out = decomposition(*args, **kwargs)
+        outs = out if isinstance(out, tuple | list) else (out,)
+        fixed = [
+            o
+            if k >= len(spec) or dtype_of(args, spec[k]) is None
+            else o.to(dtype_of(args, spec[k]))
+            for k, o in enumerate(outs)
+        ]
+        return type(out)(fixed) if isinstance(out, tuple | list) else fixed[0]
+
+    return decompose
+
+
 @functools.cache
 def _builtin_decomposition_table() -> dict:
     table = dict(torch._decomp.decomposition_table)
@@ -44,6 +80,9 @@ def _builtin_decomposition_table() -> dict:
     for op in list(table):
         if custom_ops.builtin_lowering(op) is not None:
             del table[op]
+    for op, spec in RESULT_DTYPES.items():
+        if op in table:
+            table[op] = _with_result_dtypes(table[op], spec)
     return table
 
 

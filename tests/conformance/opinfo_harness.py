@@ -27,6 +27,8 @@ from tpu_inductor.dtypes import TOLERANCES
 HERE = Path(__file__).resolve().parent
 EXPECTED_FAILURES_FILE = HERE / "expected_failures.py"
 TOLERANCES_FILE = HERE / "tolerances.py"
+# Per-sample results of the all-samples sweep (scripts/opinfo_all_samples.py --merge).
+ALL_SAMPLES_FILE = HERE / "all_samples.json"
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -189,21 +191,48 @@ def run_entry(
         ``pass`` if every compared sample matched, ``fail`` with the first failure's reason,
         or ``skip`` if no sample runs in eager.
     """
+    results = run_samples(op, dtype_name, backend=backend, samples=samples, tol=tol, stop=True)
+    if isinstance(results, Outcome):
+        return results
+    for r in results:
+        if r.status != "pass":
+            return Outcome("fail", r.reason)
+    return Outcome("pass")
+
+
+@dataclasses.dataclass
+class SampleOutcome:
+    """One sample's result: ``status`` is ``pass``, ``silent`` (the compiled function ran and
+    gave wrong values, dtype, shape or structure: no error) or ``error`` (it raised);
+    ``index`` is the sample's position in ``op.sample_inputs``; ``reason`` the classified
+    one-line description of the failure."""
+
+    index: int
+    status: str
+    reason: str = ""
+
+
+def run_samples(
+    op,
+    dtype_name: str,
+    *,
+    backend: str = "tpu",
+    samples: int | None = 1,
+    tol: tuple[float, float] | None = None,
+    stop: bool = False,
+) -> list[SampleOutcome] | Outcome:
+    """Every compared sample's :class:`SampleOutcome` (``stop``: up to the first failure).
+
+    Samples that raise in eager are not compared (nor counted towards ``samples``). Returns an
+    ``Outcome("skip", ...)`` instead when no sample runs in eager (or none can be made).
+    """
     key = entry_key(op)
     dtype = DTYPES[dtype_name]
-    if key in UNINITIALIZED_OPS:
-        check = _check_structure
-    elif key in RANDOM_OPS:
-        check = _check_statistics
-    elif key in GAUGE_OPS:
-        gauge = _check_eigh if key == "linalg.eigh" else _check_svd_factors
-        check = lambda actual, expected: gauge(actual, expected, tol)  # noqa: E731
-    else:
-        check = lambda actual, expected: _check_values(actual, expected, tol)  # noqa: E731
+    check = _checker(key, tol)
     options = (
         {"fallback": "error", "check_meta": True} if backend in ("tpu", "tpu_inductor") else None
     )
-    compared = 0
+    results: list[SampleOutcome] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
@@ -212,46 +241,128 @@ def run_entry(
         except Exception as e:
             return Outcome("skip", f"sample_inputs raised {type(e).__name__}: {_first_line(e)}")
         for tried, sample in enumerate(_safe_iter(sample_iter)):
-            if samples is not None and compared >= samples:
+            if samples is not None and len(results) >= samples:
                 break
-            if compared == 0 and tried >= MAX_SAMPLES_TRIED:
+            if not results and tried >= MAX_SAMPLES_TRIED:
                 break
             inputs = (sample.input, tuple(sample.args), dict(sample.kwargs))
             try:
                 expected = _call(op.op, _clone(inputs))
             except Exception:
                 continue  # the sample is invalid for eager too
-            compared += 1
-            torch._dynamo.reset()
-            compiled = torch.compile(
-                _entry_fn(op.op), backend=backend, fullgraph=True, dynamic=False, options=options
-            )
-            try:
-                actual = compiled(*_clone(inputs))
-            except Exception as e:
-                return Outcome("fail", _truncate(classify(e)))
-            finally:
-                torch._dynamo.reset()
-            if key in TIE_INDEX_OPS and not inputs[2].get("stable", False):
-                problem = _check_tie_indices(actual, expected, inputs, TIE_INDEX_OPS[key], tol)
-            else:
-                problem = check(actual, expected)
-            if problem is not None and dtype in LOW_PRECISION:
-                exact = _rounded_exact(op.op, inputs, expected)
-                if exact is not None and check(actual, exact) is None:
-                    problem = None
-            if problem is not None:
-                return Outcome("fail", _truncate(problem))
-    if compared == 0:
+            result = _run_sample(op, key, dtype, inputs, expected, backend, options, check, tol)
+            results.append(dataclasses.replace(result, index=tried))
+            if stop and result.status != "pass":
+                break
+    if not results:
         return Outcome("skip", "no sample runs in eager")
-    return Outcome("pass")
+    return results
+
+
+def _checker(key: str, tol):
+    if key in UNINITIALIZED_OPS:
+        return _check_structure
+    if key in RANDOM_OPS:
+        return _check_statistics
+    if key in GAUGE_OPS:
+        gauge = _check_eigh if key == "linalg.eigh" else _check_svd_factors
+        return lambda actual, expected: gauge(actual, expected, tol)
+    return lambda actual, expected: _check_values(actual, expected, tol)
+
+
+def _run_sample(op, key, dtype, inputs, expected, backend, options, check, tol) -> SampleOutcome:
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        _entry_fn(op.op), backend=backend, fullgraph=True, dynamic=False, options=options
+    )
+    try:
+        actual = compiled(*_clone(inputs))
+    except Exception as e:
+        return SampleOutcome(0, "error", _truncate(classify(e)))
+    finally:
+        torch._dynamo.reset()
+    if key in TIE_INDEX_OPS and not inputs[2].get("stable", False):
+        problem = _check_tie_indices(actual, expected, inputs, TIE_INDEX_OPS[key], tol)
+    else:
+        problem = check(actual, expected)
+    if problem is not None and key not in RANDOM_OPS and _is_random_sample(op.op, inputs):
+        # A sample that draws random numbers (dropout_p > 0 in attention, training=True in
+        # multi_head_attention_forward): our stream is not torch's, so only its statistics count.
+        problem = _check_statistics(actual, expected)
+    if problem is not None and (dtype.is_floating_point or dtype.is_complex):
+        exact = _rounded_exact(op.op, inputs, expected)
+        if exact is not None and (
+            check(actual, exact) is None or _as_close_as_eager(actual, expected, exact)
+        ):
+            problem = None
+    if problem is not None:
+        return SampleOutcome(0, "silent", _truncate(problem))
+    return SampleOutcome(0, "pass")
+
+
+def _as_close_as_eager(actual, expected, exact) -> bool:
+    """Whether every floating output is as close to the float64 result as eager's is.
+
+    A result that misses eager by more than the tolerance can still be right: where the exact
+    value cancels (an entry of 0.15 in a matrix exponential whose entries reach 9e4), eager's
+    float32 result carries the same absolute error as ours, which the elementwise relative
+    tolerance calls a mismatch. Judged like torch's own accuracy checker (``same(fp64_ref=...)``
+    in torch._dynamo.utils): the largest error from the float64 result may be at most twice
+    eager's, plus the dtype's absolute tolerance. Structure, shape and dtype must already match.
+    """
+    if _check_structure(actual, expected) is not None:
+        return False
+    pairs = zip(
+        pytree.tree_leaves(actual),
+        pytree.tree_leaves(expected),
+        pytree.tree_leaves(exact),
+        strict=False,
+    )
+    for a, e, x in pairs:
+        if not isinstance(e, torch.Tensor) or not (e.is_floating_point() or e.is_complex()):
+            continue
+        if a.numel() == 0:
+            continue
+        atol = DEFAULT_TOLERANCES.get(e.dtype, (0.0, 0.0))[0]
+        wide = torch.complex128 if e.is_complex() else torch.float64
+        a, e, x = (t.detach().to(wide) for t in (a, e, x))
+        if not torch.equal(torch.isnan(a), torch.isnan(e)):
+            return False
+        finite = torch.isfinite(e) & torch.isfinite(x)
+        if not torch.equal(a[~finite].nan_to_num(), e[~finite].nan_to_num()):
+            return False
+        ours = float((a - x)[finite].abs().max()) if finite.any() else 0.0
+        theirs = float((e - x)[finite].abs().max()) if finite.any() else 0.0
+        if ours > 2 * theirs + atol:
+            return False
+    return True
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
+def _is_random_sample(fn: Callable, inputs: tuple) -> bool:
+    """Whether eager gives different results for ``inputs`` under two different seeds."""
+    with torch.random.fork_rng():
+        results = []
+        for seed in (1234, 4321):
+            torch.manual_seed(seed)
+            try:
+                results.append(pytree.tree_leaves(_call(fn, _clone(inputs))))
+            except Exception:
+                return False
+    return any(
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.shape == b.shape
+        and not torch.equal(torch.nan_to_num(a.detach()), torch.nan_to_num(b.detach()))
+        for a, b in zip(*results, strict=False)
+    )
+
+
 def _rounded_exact(fn: Callable, inputs: tuple, expected):
-    """``fn`` on ``inputs`` computed in float64 and rounded to ``expected``'s dtypes, or ``None``.
+    """``fn`` on ``inputs`` computed in float64 (complex128) and rounded to ``expected``'s
+    dtypes, or ``None``.
 
     NOTE: eager's half-precision kernels are not one algorithm. Where oneDNN has no bfloat16 path
     (CPUs without AVX512-BF16, such as the 2-core AMD EPYC machines this project runs CI on), eager
@@ -262,7 +373,9 @@ def _rounded_exact(fn: Callable, inputs: tuple, expected):
     """
 
     def up(t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.float64) if t.dtype in LOW_PRECISION else t.clone()
+        if t.is_complex():
+            return t.to(torch.complex128)
+        return t.to(torch.float64) if t.is_floating_point() else t.clone()
 
     try:
         wide = _call(fn, pytree.tree_map_only(torch.Tensor, up, inputs))

@@ -68,3 +68,24 @@ def test_low_rank_svd_accepts_another_basis_and_rejects_wrong_values():
     assert H._check_svd_factors((u * flip, s, v * flip), (u, s, v), None) is None
     assert H._check_svd_factors((u, s * 1.01, v), (u, s, v), None) is not None
     assert H._check_svd_factors((u, s, v.roll(1, dims=1)), (u, s, v), None) is not None
+
+
+def test_float64_judge_accepts_eager_sized_errors_and_rejects_larger_ones():
+    """Where the exact value cancels, eager and we can both miss each other's entry by more
+    than the tolerance; the float64 result decides, and a wrong result still fails."""
+    exact = torch.tensor([1e4, 0.15, -2.0], dtype=torch.float64)
+    eager = (exact + torch.tensor([0.02, 2e-3, 0.0], dtype=torch.float64)).float()
+    ours = (exact + torch.tensor([-0.02, -2e-3, 0.0], dtype=torch.float64)).float()
+    assert H._check_values(ours, eager, None) is not None  # 0.15 entry: 4e-3 apart
+    assert H._as_close_as_eager(ours, eager, exact.float())
+    wrong = ours.clone()
+    wrong[1] = 0.2
+    assert not H._as_close_as_eager(wrong, eager, exact.float())
+    assert not H._as_close_as_eager(ours.double(), eager, exact.float())  # dtype differs
+
+
+def test_random_samples_are_recognized():
+    x = torch.randn(8, 4, 16)
+    dropout = torch.nn.functional.scaled_dot_product_attention
+    assert H._is_random_sample(dropout, (x, (x, x), {"dropout_p": 0.5}))
+    assert not H._is_random_sample(dropout, (x, (x, x), {}))

@@ -99,7 +99,26 @@ def gather(ctx, self, dim, index, sparse_grad=False):
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
     dim = dim + self.ndim if dim < 0 else dim
+    if index.ndim == 0:  # a 0-d index into a 1-d input (torch allows it): a 0-d result
+        return jnp.take(self, _wrap(index, self.shape[dim]), mode="clip")
+    # torch allows index.size(d) <= self.size(d) in the dimensions other than dim and reads
+    # only the leading part there; take_along_axis would broadcast them instead.
+    self = self[_leading(index.shape, dim)]
     return jnp.take_along_axis(self, _wrap(index, self.shape[dim]), axis=dim, mode="clip")
+
+
+def _leading(shape, dim) -> tuple:
+    """``self[...]`` keeping the first ``shape[d]`` entries of every dimension but ``dim``."""
+    return tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(shape))
+
+
+# aten::take(Tensor self, Tensor index) -> Tensor
+@register_lowering(aten.take.default)
+def take(ctx, self, index):
+    # Lowered rather than decomposed: torch's decomposition, ``self.reshape(-1)[index]``, turns
+    # a 0-d index into a Python integer (a data-dependent .item()).
+    flat = self.reshape(-1)
+    return jnp.take(flat, _wrap(index, flat.shape[0]), mode="clip")
 
 
 def _scatter_index(self, dim, index):
@@ -118,7 +137,7 @@ def _src(src, index, dtype):
     src = jnp.asarray(src, dtype=dtype)
     if src.ndim == 0:
         return jnp.broadcast_to(src, index.shape)
-    return src[tuple(slice(0, n) for n in index.shape)]
+    return src[_leading(index.shape, None)]
 
 
 # aten::scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor

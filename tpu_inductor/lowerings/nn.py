@@ -360,14 +360,22 @@ def embedding_dense_backward(
     ctx, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
 ):
     idx = indices.reshape(-1)
-    g = upcast(grad_output).reshape(idx.shape[0], -1)
+    dtype = ctx.out_dtype()
+    g = upcast(grad_output)
+    g = g.astype(jnp.int32) if g.dtype == jnp.bool_ else g  # bools accumulate as "or"
+    g = g.reshape(idx.shape[0], grad_output.shape[-1])
     if padding_idx >= 0:
         g = jnp.where((idx == padding_idx)[:, None], 0, g)
     if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
-        g = g / counts[idx][:, None]
+        counts = jnp.zeros((num_weights,), jnp.int32).at[idx].add(1)[idx][:, None]
+        if jnp.issubdtype(g.dtype, jnp.inexact):
+            g = g / counts.astype(g.dtype)
+        elif dtype != jnp.bool_:
+            # NOTE: torch adds grad * (1.0 / count) with the scale cast to the integer dtype:
+            # an index seen more than once contributes 0 (bool(1 / count) is True: no change).
+            g = jnp.where(counts == 1, g, 0)
     out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
-    return out.astype(ctx.out_dtype())
+    return out != 0 if dtype == jnp.bool_ else out.astype(dtype)
 
 
 def _bags(indices, offsets, num_bags, include_last_offset):

@@ -14,7 +14,15 @@ import torch
 from jax import lax
 from jax.scipy import special
 
-from tpu_inductor.lowerings.registry import P, opmath_dtype, register_lowering, upcast
+from tpu_inductor.dtypes import to_jax_dtype
+from tpu_inductor.lowerings.registry import (
+    P,
+    convert,
+    opmath_dtype,
+    register_lowering,
+    scalar_array,
+    upcast,
+)
 
 aten = torch.ops.aten
 
@@ -113,7 +121,6 @@ BINARY_DEFAULT = {
     aten.bitwise_and: lambda a, b: a & b,
     aten.bitwise_or: lambda a, b: a | b,
     aten.bitwise_xor: lambda a, b: a ^ b,
-    aten.nextafter: jnp.nextafter,
     # NOTE: torch's remainder takes the divisor's sign (Python %); fmod the dividend's (C).
     aten.remainder: jnp.remainder,
     aten.fmod: jnp.fmod,
@@ -122,12 +129,18 @@ BINARY_FLOAT = {
     aten.atan2: jnp.arctan2,
     aten.hypot: jnp.hypot,
     aten.copysign: jnp.copysign,
-    aten.logaddexp: jnp.logaddexp,
+    aten.logaddexp: lambda a, b: (
+        _complex_logaddexp(a, b) if _is_complex(a) else jnp.logaddexp(a, b)
+    ),
     aten.logaddexp2: jnp.logaddexp2,
     aten.xlogy: special.xlogy,
     aten.special_xlog1py: special.xlog1py,
-    aten.igamma: special.gammainc,
-    aten.igammac: special.gammaincc,
+    aten.igamma: lambda a, x: _igamma(a, x, upper=False),
+    aten.igammac: lambda a, x: _igamma(a, x, upper=True),
+}
+# Computed in the operands' own dtype: nextafter of a bfloat16 steps one bfloat16 ulp.
+BINARY_NO_OPMATH = {
+    aten.nextafter: jnp.nextafter,
 }
 COMPARISONS = {
     aten.eq: jnp.equal,
@@ -142,24 +155,141 @@ COMPARISONS = {
 }
 
 
-def _overloads(packet, names=("Tensor", "Scalar", "default", "self")):
-    return [getattr(packet, n) for n in names if n in packet.overloads()]
+# torch's kernels read a one-element second operand of these at the computation precision
+# (``original_scalar_value``): ``bf16 * 0.849`` multiplies by 0.849f, not by bfloat16(0.849).
+WIDE_SECOND_OPERAND = {aten.mul}
+
+# Every overload taking (self, other) as tensors or numbers in either position.
+BINARY_OVERLOADS = (
+    "Tensor",
+    "Scalar",
+    "default",
+    "self",
+    "Scalar_Tensor",
+    "Tensor_Scalar",
+    "Scalar_Self",
+    "Scalar_Other",
+    "self_scalar",
+    "other_scalar",
+)
 
 
-for _table, _kind in ((BINARY_DEFAULT, P.DEFAULT), (BINARY_FLOAT, P.INT_TO_FLOAT)):
+def _overloads(packet, names=BINARY_OVERLOADS):
+    """The packet's overloads among ``names`` that return a tensor (``aten.ldexp.default`` is
+    Python's ``math.ldexp`` on numbers)."""
+    found = [getattr(packet, n) for n in names if n in packet.overloads()]
+    return [op for op in found if str(op._schema.returns[0].type) == "Tensor"]
+
+
+for _table, _kind in (
+    (BINARY_DEFAULT, P.DEFAULT),
+    (BINARY_FLOAT, P.INT_TO_FLOAT),
+    (BINARY_NO_OPMATH, P.NO_OPMATH),
+):
     for _packet, _f in _table.items():
-        register_lowering(*_overloads(_packet), promote=_kind, promote_args=(0, 1))(_binary(_f))
+        register_lowering(
+            *_overloads(_packet),
+            promote=_kind,
+            promote_args=(0, 1),
+            wide_args=(1,) if _packet in WIDE_SECOND_OPERAND else (),
+        )(_binary(_f))
 for _packet, _f in COMPARISONS.items():
     # Compare in the promoted dtype; the registry turns the result into bool.
     register_lowering(*_overloads(_packet), promote=P.ALWAYS_BOOL, promote_args=(0, 1))(_binary(_f))
 
 
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _complex_logaddexp(x, y):
+    """torch's complex logaddexp (LogAddExp.h): ``max + log1p(exp(min - max))`` with min/max
+    by real part (``x.real < y.real`` picks y as the max), so the result keeps the larger
+    operand's imaginary part unwrapped (jnp's wraps it into (-pi, pi]); a NaN part anywhere
+    gives NaN; equal infinite real parts give ``min`` (-inf) or ``log(exp(x) + exp(y))``."""
+    nan = jnp.isnan(x.real) | jnp.isnan(x.imag) | jnp.isnan(y.real) | jnp.isnan(y.imag)
+    x_is_max = ~(x.real < y.real)
+    hi, lo = jnp.where(x_is_max, x, y), jnp.where(x_is_max, y, x)
+    out = jnp.log1p(jnp.exp(lo - hi)) + hi
+    both_inf = jnp.isinf(lo.real) & (lo.real == hi.real)
+    inf_case = jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
+    out = jnp.where(both_inf, inf_case, out)
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), out.dtype), out)
+
+
+def _igamma(a, x, upper):
+    """Regularized lower (upper) incomplete gamma with torch's special cases (calc_igamma):
+    a == 0 gives 1 (0) for x > 0, x == 0 gives 0 (1), a == inf gives 0 (1) for finite x,
+    x == inf gives 1 (0), a < 0 or x < 0 gives NaN, a == x == inf gives NaN."""
+    f = special.gammaincc if upper else special.gammainc
+    lo, hi = (1.0, 0.0) if upper else (0.0, 1.0)
+    safe_a = jnp.where((a > 0) & jnp.isfinite(a), a, 1.0)
+    safe_x = jnp.where((x > 0) & jnp.isfinite(x), x, 1.0)
+    out = f(safe_a, safe_x)
+    out = jnp.where(jnp.isinf(x) & (a > 0), hi, out)
+    out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), jnp.nan, lo), out)
+    out = jnp.where(x == 0, lo, out)
+    out = jnp.where(a == 0, jnp.where(x > 0, hi, jnp.nan), out)
+    out = jnp.where((a < 0) | (x < 0) | jnp.isnan(a) | jnp.isnan(x), jnp.nan, out)
+    return out.astype(jnp.result_type(a, x))
+
+
+def _times_alpha(other, alpha):
+    """``alpha * other`` as torch's add/sub kernels compute it. NOTE: for complex operands
+    torch multiplies by alpha even when it is 1, as a complex product, so an infinite real
+    part gives a NaN imaginary part (``0j + complex(inf, 0)`` is ``inf+nanj`` in eager)."""
+    if jnp.issubdtype(other.dtype, jnp.complexfloating):
+        re, im = jnp.real(other), jnp.imag(other)
+        a = jnp.real(jnp.asarray(alpha, other.dtype))
+        b = jnp.imag(jnp.asarray(alpha, other.dtype))
+        # (a + bi)(re + im i), written out so that XLA does not drop a product by 1 or 0
+        return lax.complex(a * re - b * im, a * im + b * re)
+    return other * alpha if alpha != 1 else other
+
+
+# aten::ldexp.Tensor(Tensor self, Tensor other) -> Tensor
+@register_lowering(aten.ldexp.Tensor)
+def ldexp(ctx, self, other):
+    # torch's kernel (BinaryOps.cpp): an integer exponent with a real floating self is
+    # std::ldexp in self's dtype; otherwise self * _pow2(self, other), two ops with their own
+    # promotions: pow(2.0, other) for an integer or float32 self (other's dtype, the default
+    # float for an integer other), full((), 2.0, self.dtype).pow(other) for the rest. Lowered
+    # rather than decomposed: the decomposition raised 2 in self's dtype (a bool tensor with
+    # a 0-d bfloat16 exponent came out float32; a 0-d float16 exponent missed the rounding).
+    exact_int = not jnp.issubdtype(other.dtype, jnp.inexact)
+    if exact_int and jnp.issubdtype(self.dtype, jnp.floating):
+        # jnp.ldexp is exact (exp2 of a float rounds: 0.849 * 2**100 was 2e-6 off) and does
+        # not overflow halfway (0.849 * 2**128 is finite in float32, 2**128 is not).
+        wide = upcast(self)
+        exponent = jnp.clip(other.astype(jnp.int64), -4096, 4096).astype(jnp.int32)
+        return jnp.ldexp(wide, exponent).astype(self.dtype)
+    self_meta, other_meta = ctx.arg_metas[0], ctx.arg_metas[1]
+    integral = not (self_meta.dtype.is_floating_point or self_meta.dtype.is_complex)
+    if integral or self_meta.dtype == torch.float32:
+        base = 2.0  # a Python number: a wrapped scalar, it does not promote
+    else:
+        base = torch.empty((), dtype=self_meta.dtype, device="meta")
+    power_dtype = torch.result_type(base, other_meta)  # the power has other's rank
+    power_meta = torch.empty((1,) * other_meta.dim(), dtype=power_dtype, device="meta")
+    # NOTE: the result dtype is the eager kernel's (self times the power), not the meta
+    # function's: ldexp(bool, 0-d float16) is float16 in eager where the meta says float32.
+    out = to_jax_dtype(torch.result_type(self_meta, power_meta))
+    power_dtype = to_jax_dtype(power_dtype)
+    compute = opmath_dtype(power_dtype)
+    if jnp.issubdtype(compute, jnp.complexfloating):
+        power = _complex_pow(jnp.asarray(2, compute), other.astype(compute))
+    else:
+        power = jnp.power(jnp.asarray(2, compute), convert(other, compute))
+    power = power.astype(power_dtype)
+    product = opmath_dtype(out)
+    return (convert(self, product) * power.astype(product)).astype(out)
+
+
 # aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 @register_lowering(aten.add.Tensor, aten.add.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
 def add(ctx, self, other, alpha=1):
-    if alpha != 1:
-        other = other * alpha
-    if getattr(self, "dtype", None) == jnp.bool_:  # self may be a Python number
+    other = _times_alpha(other, alpha)
+    if self.dtype == jnp.bool_:
         return jnp.logical_or(self, other)
     return jnp.add(self, other)
 
@@ -167,15 +297,13 @@ def add(ctx, self, other, alpha=1):
 # aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 @register_lowering(aten.sub.Tensor, aten.sub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
 def sub(ctx, self, other, alpha=1):
-    if alpha != 1:
-        other = other * alpha
-    return jnp.subtract(self, other)
+    return jnp.subtract(self, _times_alpha(other, alpha))
 
 
 # aten::rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 @register_lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
 def rsub(ctx, self, other, alpha=1):
-    return jnp.subtract(other, self * alpha if alpha != 1 else self)
+    return jnp.subtract(other, _times_alpha(self, alpha))
 
 
 # aten::div.Tensor(Tensor self, Tensor other) -> Tensor
@@ -188,9 +316,32 @@ def rsub(ctx, self, other, alpha=1):
     aten.true_divide.Scalar,
     promote=P.INT_TO_FLOAT,
     promote_args=(0, 1),
+    wide_args=(1,),
 )
 def div(ctx, self, other):
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        return complex_divide(self, other)
     return jnp.true_divide(self, other)
+
+
+def complex_divide(a, b):
+    """``a / b`` for complex arrays with c10::complex's algorithm (numpy's scaled division):
+    NOTE: a zero divisor gives ``(re / |c|) + (im / |d|) i`` (inf and NaN parts) and infinite
+    divisors give signed zeros exactly as eager does; XLA's own complex division differs there."""
+    a, b = jnp.broadcast_arrays(a, b)
+    ar, ai, c, d = jnp.real(a), jnp.imag(a), jnp.real(b), jnp.imag(b)
+    abs_c, abs_d = jnp.abs(c), jnp.abs(d)
+    c_big = abs_c >= abs_d
+    # |c| >= |d|: rat = d / c, scl = 1 / (c + d * rat); else rat = c / d, scl = 1 / (d + c * rat)
+    num, den = jnp.where(c_big, d, c), jnp.where(c_big, c, d)
+    rat = num / jnp.where(den == 0, 1.0, den)
+    scl = 1.0 / (den + num * rat)
+    re = jnp.where(c_big, ar + ai * rat, ar * rat + ai) * scl
+    im = jnp.where(c_big, ai - ar * rat, ai * rat - ar) * scl
+    zero = (abs_c == 0) & (abs_d == 0)
+    re = jnp.where(zero, ar / abs_c, re)
+    im = jnp.where(zero, ai / abs_d, im)
+    return lax.complex(re, im)
 
 
 # aten::div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
@@ -198,8 +349,8 @@ def div(ctx, self, other):
 def div_mode(ctx, self, other, rounding_mode=None):
     dtype = ctx.out_dtype()
     compute = opmath_dtype(dtype)
-    a = jnp.asarray(self).astype(compute)
-    b = jnp.asarray(other).astype(compute)
+    a, b = jnp.broadcast_arrays(convert(jnp.asarray(self), compute), jnp.asarray(other))
+    b = convert(b, compute)
     if rounding_mode is None:
         out = a / b
     elif rounding_mode == "floor":
@@ -225,13 +376,18 @@ def _floor_divide(a, b):
 
 # aten::floor_divide(Tensor self, Tensor other) -> Tensor
 @register_lowering(
-    aten.floor_divide.default, aten.floor_divide.Scalar, promote=P.DEFAULT, promote_args=(0, 1)
+    aten.floor_divide.default,
+    aten.floor_divide.Scalar,
+    promote=P.DEFAULT,
+    promote_args=(0, 1),
+    wide_args=(1,),
 )
 def floor_divide(ctx, self, other):
-    return _floor_divide(jnp.asarray(self), jnp.asarray(other, dtype=jnp.asarray(self).dtype))
+    return _floor_divide(*jnp.broadcast_arrays(self, other))
 
 
 # aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor
+# aten::pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 @register_lowering(
     aten.pow.Tensor_Tensor,
     aten.pow.Tensor_Scalar,
@@ -240,18 +396,42 @@ def floor_divide(ctx, self, other):
     promote_args=(0, 1),
 )
 def pow_(ctx, self, exponent):
-    if isinstance(exponent, int | float) and not isinstance(exponent, bool):
-        if float(exponent).is_integer() and abs(exponent) <= 64:
-            base = jnp.asarray(self)
-            if exponent >= 0 or jnp.issubdtype(base.dtype, jnp.inexact):
-                return lax.integer_pow(base, int(exponent))
-    base = jnp.asarray(self)
-    exp = jnp.asarray(exponent, dtype=base.dtype) if not hasattr(exponent, "dtype") else exponent
-    if jnp.issubdtype(base.dtype, jnp.integer):
+    # self and exponent arrive in the computation dtype (a Python base or exponent included);
+    # the exponent as written (arg_metas) picks integer_pow for small integral exponents.
+    written = ctx.arg_metas[1] if len(ctx.arg_metas) > 1 else None
+    if isinstance(written, int | float) and not isinstance(written, bool):
+        if float(written).is_integer() and abs(written) <= 64:
+            if written >= 0 or jnp.issubdtype(self.dtype, jnp.inexact):
+                return lax.integer_pow(self, int(written))
+    if jnp.issubdtype(self.dtype, jnp.integer):
         # NOTE: torch rejects negative integer exponents for integer tensors eagerly; here
         # they give 0 (or +-1 for bases of +-1), what C integer pow gives.
-        return _int_pow(base, exp.astype(base.dtype))
-    return jnp.power(base, exp)
+        return _int_pow(self, exponent)
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        return _complex_pow(self, exponent)
+    return jnp.power(self, exponent)
+
+
+def _complex_pow(x, y):
+    """C's ``cpow(x, y) = cexp(y * clog(x))``, what torch's complex pow calls, with C99's
+    special values: ``0 ** (1-2j)`` is 0 (XLA's pow gives NaN), ``0 ** 0j`` is NaN."""
+    x, y = jnp.broadcast_arrays(x, y)
+    log = jnp.log(x)
+    lr, li, yr, yi = jnp.real(log), jnp.imag(log), jnp.real(y), jnp.imag(y)
+    return _cexp(yr * lr - yi * li, yr * li + yi * lr).astype(x.dtype)
+
+
+def _cexp(re, im):
+    """``exp(re + im i)`` with C99 Annex G's special values (glibc's cexp)."""
+    e = jnp.exp(re)
+    out_re = jnp.where(im == 0, e, e * jnp.cos(im))
+    out_im = jnp.where(im == 0, im, e * jnp.sin(im))
+    odd_im = ~jnp.isfinite(im)
+    to_zero = jnp.isneginf(re) & odd_im  # exp(-inf + inf i): +-0 +-0i
+    to_inf = jnp.isposinf(re) & odd_im  # exp(+inf + nan i): +-inf + nan i
+    out_re = jnp.where(to_zero, 0.0, jnp.where(to_inf, jnp.inf, out_re))
+    out_im = jnp.where(to_zero, 0.0, jnp.where(to_inf, jnp.nan, out_im))
+    return lax.complex(out_re, out_im)
 
 
 def _int_pow(base, exp):
@@ -287,25 +467,26 @@ def where(ctx, condition, self, other):
 # aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
 @register_lowering(aten.clamp.default, aten.clamp.Tensor, promote=P.DEFAULT)
 def clamp(ctx, self, min=None, max=None):
-    # NOTE: NaN in self propagates (maximum/minimum propagate NaN), like torch.
+    # NOTE: NaN in self propagates (maximum/minimum propagate NaN), like torch. A bound out of
+    # an integer dtype's range wraps as torch's C cast does (uint8: -3 -> 253).
     out = self
     if min is not None:
-        out = jnp.maximum(out, jnp.asarray(min, dtype=out.dtype))
+        out = jnp.maximum(out, scalar_array(min, out.dtype))
     if max is not None:
-        out = jnp.minimum(out, jnp.asarray(max, dtype=out.dtype))
+        out = jnp.minimum(out, scalar_array(max, out.dtype))
     return out
 
 
 # aten::clamp_min(Tensor self, Scalar min) -> Tensor
 @register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote=P.DEFAULT)
 def clamp_min(ctx, self, min):
-    return jnp.maximum(self, jnp.asarray(min, dtype=self.dtype))
+    return jnp.maximum(self, scalar_array(min, self.dtype))
 
 
 # aten::clamp_max(Tensor self, Scalar max) -> Tensor
 @register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote=P.DEFAULT)
 def clamp_max(ctx, self, max):
-    return jnp.minimum(self, jnp.asarray(max, dtype=self.dtype))
+    return jnp.minimum(self, scalar_array(max, self.dtype))
 
 
 # aten::gelu(Tensor self, *, str approximate="none") -> Tensor
@@ -454,7 +635,7 @@ def _cast(x, dtype):
         dtype, jnp.complexfloating
     ):
         x = jnp.real(x)
-    return x.astype(dtype)
+    return convert(x, dtype)
 
 
 # aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor
@@ -543,13 +724,14 @@ def polar(ctx, abs, angle):
 # aten::addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 @register_lowering(aten.addcmul.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
 def addcmul(ctx, self, tensor1, tensor2, value=1):
-    return self + value * tensor1 * tensor2
+    # torch converts value to the computation dtype first: an integer tensor truncates 2.5 to 2.
+    return self + scalar_array(value, self.dtype) * tensor1 * tensor2
 
 
 # aten::addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 @register_lowering(aten.addcdiv.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
 def addcdiv(ctx, self, tensor1, tensor2, value=1):
-    return self + value * tensor1 / tensor2
+    return self + scalar_array(value, self.dtype) * tensor1 / tensor2
 
 
 def _register_fma():

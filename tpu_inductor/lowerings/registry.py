@@ -10,6 +10,7 @@ implicit promotion.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
@@ -88,6 +90,7 @@ class Lowering:
     promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None
     promote_args: tuple[int, ...] | None
     random: bool
+    wide_args: tuple[int, ...] = ()
 
     def __call__(self, ctx: LoweringContext, args: Sequence, kwargs: dict) -> Any:
         if self.promote is None:
@@ -100,17 +103,90 @@ class Lowering:
         metas = [ctx.arg_metas[i] for i in idx if i < len(ctx.arg_metas)]
         metas = [m for m in metas if _is_promotable(m)]
         compute, result = elementwise_dtypes(*metas, type_promotion_kind=self.promote)
-        compute = to_jax_dtype(compute)
+        if self.promote in (P.ALWAYS_BOOL, P.COMPLEX_TO_FLOAT):
+            common = elementwise_dtypes(*metas, type_promotion_kind=P.NO_OPMATH)[1]
+        else:
+            common = result
+        # complex32 has no JAX dtype. An op whose result is not complex32 but computes in it
+        # (``eq(float16, 1j)`` is bool) computes in complex64 on operands rounded to half
+        # first: the same numbers. A complex32 result stays the clear UnsupportedDtypeError.
+        half_complex = common == torch.complex32 and result != torch.complex32
+        if half_complex:
+            compute = common = torch.complex64
+        compute, common = to_jax_dtype(compute), to_jax_dtype(common)
         args = list(args)
         for i in idx:
-            if i < len(args) and isinstance(args[i], jax.Array | jax.core.Tracer):
-                args[i] = args[i].astype(compute)
+            if i >= len(args):
+                continue
+            # Like torch's TensorIterator: every operand is first converted to the common dtype
+            # (so a 0-d float32 tensor or a Python 0.849 meeting a bfloat16 tensor is rounded to
+            # bfloat16: ``bf16 == 0.849`` holds where the tensor holds 0.84765625), then computed
+            # in the computation dtype (float32 for half types). Kernels that read a one-element
+            # operand at full precision instead (mul, div: ``original_scalar_value``) declare
+            # that position in ``wide_args``.
+            via = compute if i in self.wide_args else common
+            if isinstance(args[i], jax.Array | jax.core.Tracer):
+                args[i] = convert(convert(args[i], via), compute)
+            elif self.promote_args is not None and _is_number(args[i]):
+                # A declared operand given as a Python number (``2 ** x``, ``x < 1000``) is a
+                # "wrapped number" to torch: it takes part in promotion by category only and is
+                # then converted like a tensor. Left a Python number, the lowering would see
+                # JAX's dtype for it (int64 for ``10000`` in ``torch.pow(10000, x)``).
+                args[i] = convert(scalar_array(args[i], via), compute)
+            if half_complex and i < len(args) and not _is_number(args[i]):
+                args[i] = _round_to_complex_half(args[i])
         out = self.fn(ctx, *args, **kwargs)
-        return out.astype(to_jax_dtype(result))
+        return convert(out, to_jax_dtype(result))
+
+
+def _round_to_complex_half(x: jax.Array) -> jax.Array:
+    """A complex64 ``x`` with both parts rounded to float16, as a complex32 value would be."""
+    half = jnp.float16
+    return jax.lax.complex(
+        x.real.astype(half).astype(jnp.float32), x.imag.astype(half).astype(jnp.float32)
+    )
+
+
+def convert(x, dtype) -> jax.Array:
+    """``x.astype(dtype)``, except that bools become floats through a select: XLA rewrites
+    ``convert(pred) * y`` into ``select(pred, y, 0)``, which loses ``0 * nan = nan`` and
+    ``0 * inf = nan`` (torch: ``mask.float() * inf`` is NaN where the mask is False)."""
+    if x.dtype == jnp.bool_ and jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.where(x, jnp.ones((), dtype), jnp.zeros((), dtype))
+    return x.astype(dtype)
 
 
 def _is_promotable(meta) -> bool:
     return isinstance(meta, torch.Tensor | bool | int | float | complex | torch.SymInt)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, bool | int | float | complex | np.number | np.bool_)
+
+
+def scalar_array(value, dtype) -> jax.Array:
+    """A Python number as a 0-d array of ``dtype``, converted the way torch converts a Scalar
+    (C casts): integers wrap modulo 2**bits (``int8``: 1000 -> -24), floats round to nearest
+    (overflow -> inf), a complex number to a real dtype keeps its real part, a float to an
+    integer dtype truncates.
+    """
+    dtype = np.dtype(dtype)
+    if not _is_number(value):  # already an array (a symbolic scalar under dynamic=True)
+        return convert(jnp.asarray(value), dtype)
+    if isinstance(value, complex | np.complexfloating) and dtype.kind != "c":
+        value = value.real
+    if dtype.kind == "b":
+        return jnp.asarray(bool(value))
+    if dtype.kind in "iu":
+        if isinstance(value, float | np.floating):
+            value = math.trunc(value) if math.isfinite(value) else 0
+        bits = dtype.itemsize * 8
+        value = int(value) % (1 << bits)
+        if dtype.kind == "i" and value >= 1 << (bits - 1):
+            value -= 1 << bits
+        return jnp.asarray(np.asarray(value, dtype))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return jnp.asarray(np.asarray(value, dtype))
 
 
 def _qualified_name(op: OpOverload) -> str:
@@ -167,6 +243,7 @@ def register_lowering(
     promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None = None,
     promote_args: Sequence[int] | None = None,
     random: bool = False,
+    wide_args: Sequence[int] = (),
 ) -> Callable:
     """Register ``fn`` as the lowering of every overload in ``ops``.
 
@@ -177,8 +254,12 @@ def register_lowering(
         promote: torch's elementwise promotion kind; tensor arguments are cast to the
             computation dtype before ``fn`` runs and the result to the result dtype after.
         promote_args: positions of the arguments that take part in promotion (default: every
-            tensor or number argument).
+            tensor or number argument). Python numbers at these positions reach ``fn`` as 0-d
+            arrays of the computation dtype (:func:`scalar_array`), as torch converts them.
         random: the op draws random numbers (the graph then receives a key per call).
+        wide_args: promoted positions whose operand torch's kernel reads at the computation
+            precision (a Python number or 0-d tensor meeting a bfloat16 tensor in ``mul`` or
+            ``div`` is not rounded to bfloat16 first; everywhere else it is).
 
     Raises:
         ValueError: if an overload already has a lowering.
@@ -190,7 +271,12 @@ def register_lowering(
                 if op in LOWERINGS or op in LOWERINGS.pending:
                     raise ValueError(f"{op} is registered twice")
                 low = Lowering(
-                    op, fn, promote, tuple(promote_args) if promote_args else None, random
+                    op,
+                    fn,
+                    promote,
+                    tuple(promote_args) if promote_args else None,
+                    random,
+                    tuple(wide_args),
                 )
                 if isinstance(op, str):
                     LOWERINGS.pending[op] = low

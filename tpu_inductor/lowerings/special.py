@@ -84,9 +84,9 @@ def _trigamma(x):
 def _zeta(x, q):
     """Hurwitz zeta(x, q): direct sum until a > 9, then Euler-Maclaurin (Cephes ``zeta``)."""
     x, q = jnp.broadcast_arrays(x, q)
-    # NOTE: torch accumulates in double on CPU; this runs in the computation dtype (TPUs have
-    # no float64), so float32 results can differ in the last bits, and results below float32's
-    # normal range (e.g. zeta(100, 2.5)) come out as 0 or NaN instead of a subnormal.
+    # NOTE: torch accumulates in double on CPU, and so do the lowerings (``_accumulate_dtype``)
+    # except on TPU (no float64): there float32 results can differ in the last bits, and
+    # results below float32's normal range (e.g. zeta(100, 2.5)) come out as 0 or NaN.
     s = jnp.power(q, -x)
     zero = jnp.zeros_like(s)
     i = jnp.zeros(s.shape, jnp.int32)
@@ -123,6 +123,9 @@ def _zeta(x, q):
         b = b / w
         k = k + 1
     out = jnp.where(summed, s, tail)
+    # NaN in x or q that passes torch's early returns (below, last to first) reaches its sum:
+    # NaN, also where pow(1, -nan) == 1 would have settled it here.
+    out = jnp.where(jnp.isnan(x) | jnp.isnan(q), jnp.nan, out)
     out = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, out)
     out = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, out)
     out = jnp.where(x < 1, jnp.nan, out)
@@ -139,7 +142,14 @@ def _zeta(x, q):
 )
 def zeta(ctx, self, other):
     dt = _compute_dtype(ctx)
-    return _zeta(jnp.asarray(self, dt), jnp.asarray(other, dt))
+    acc = _accumulate_dtype(ctx, dt)
+    return _zeta(jnp.asarray(self, acc), jnp.asarray(other, acc)).astype(dt)
+
+
+def _accumulate_dtype(ctx, dtype):
+    """torch's CPU ``acc_type``: float64 for float32 (and half) math, where the device has it.
+    NOTE: a TPU has no float64; there the sum runs in float32 (see ``_zeta``)."""
+    return dtype if ctx.platform == "tpu" or dtype == jnp.float64 else jnp.float64
 
 
 # aten::polygamma(int n, Tensor self) -> Tensor
@@ -151,7 +161,9 @@ def polygamma(ctx, n, self):
     if n == 1:
         return _trigamma(x)
     sign = 1.0 if n % 2 else -1.0
-    return sign * math.exp(math.lgamma(n + 1.0)) * _zeta(jnp.full_like(x, n + 1.0), x)
+    wide = x.astype(_accumulate_dtype(ctx, x.dtype))
+    z = _zeta(jnp.full_like(wide, n + 1.0), wide).astype(x.dtype)
+    return sign * math.exp(math.lgamma(n + 1.0)) * z
 
 
 # aten::digamma(Tensor self) -> Tensor

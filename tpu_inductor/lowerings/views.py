@@ -64,6 +64,8 @@ def permute(ctx, self, dims):
 # aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
 @register_lowering(aten.transpose.int)
 def transpose(ctx, self, dim0, dim1):
+    if self.ndim == 0:  # torch allows dims 0 / -1 of a 0-d tensor: itself
+        return self
     return jnp.swapaxes(self, _dim(dim0, self.ndim), _dim(dim1, self.ndim))
 
 
@@ -121,6 +123,16 @@ def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     start, end = _norm_slice(start, end, self.shape[dim])
     index = (slice(None),) * dim + (slice(start, end, step),)
     return self.at[index].set(src.astype(self.dtype))
+
+
+# aten::select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+@register_lowering(aten.select_scatter.default)
+def select_scatter(ctx, self, src, dim, index):
+    # Lowered rather than decomposed: torch's decomposition (a where over an arange mask)
+    # promotes self with src (an int64 src made an int32 self int64); the result is self's dtype.
+    dim = _dim(dim, self.ndim)
+    index = index + self.shape[dim] if index < 0 else index
+    return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
 
 # aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
