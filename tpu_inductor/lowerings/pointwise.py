@@ -349,8 +349,17 @@ def complex_divide(a, b):
 def div_mode(ctx, self, other, rounding_mode=None):
     dtype = ctx.out_dtype()
     compute = opmath_dtype(dtype)
-    a, b = jnp.broadcast_arrays(convert(jnp.asarray(self), compute), jnp.asarray(other))
-    b = convert(b, compute)
+    other_meta = ctx.arg_metas[1]
+    other_is_scalar = not isinstance(other_meta, torch.Tensor) or other_meta.numel() == 1
+    # Like TensorIterator: each operand (a Python number too: 0.849 meeting a float16 tensor is
+    # rounded to float16 first) is converted to the result dtype, then computed in opmath.
+    a, b = jnp.broadcast_arrays(*(convert(scalar_array(x, dtype), compute) for x in (self, other)))
+    if rounding_mode == "trunc" and jnp.issubdtype(compute, jnp.floating) and other_is_scalar:
+        # NOTE: XLA rewrites ``x / broadcast(s)`` into ``x * broadcast(1 / s)``, one rounding
+        # off, which trunc turns into a whole unit: trunc(0.849 / 0.849) was 0 (eager: 1). The
+        # barrier hides the broadcast (one divisor-sized buffer; floor division corrects its
+        # quotient with fmod and needs none).
+        b = lax.optimization_barrier(b)
     if rounding_mode is None:
         out = a / b
     elif rounding_mode == "floor":
