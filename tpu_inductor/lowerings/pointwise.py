@@ -351,9 +351,12 @@ def div_mode(ctx, self, other, rounding_mode=None):
     compute = opmath_dtype(dtype)
     other_meta = ctx.arg_metas[1]
     other_is_scalar = not isinstance(other_meta, torch.Tensor) or other_meta.numel() == 1
-    # Like TensorIterator: each operand (a Python number too: 0.849 meeting a float16 tensor is
-    # rounded to float16 first) is converted to the result dtype, then computed in opmath.
-    a, b = jnp.broadcast_arrays(*(convert(scalar_array(x, dtype), compute) for x in (self, other)))
+    # Like torch's kernels: self (a Python number too: 0.849 // a float16 tensor rounds 0.849
+    # to float16 first) is converted to the result dtype, then computed in opmath; a scalar
+    # divisor is read at full precision (``original_scalar_value``: bf16 0.8477 // 0.849 is 0).
+    a = convert(scalar_array(self, dtype), compute)
+    b = convert(scalar_array(other, compute if other_is_scalar else dtype), compute)
+    a, b = jnp.broadcast_arrays(a, b)
     if rounding_mode == "trunc" and jnp.issubdtype(compute, jnp.floating) and other_is_scalar:
         # NOTE: XLA rewrites ``x / broadcast(s)`` into ``x * broadcast(1 / s)``, one rounding
         # off, which trunc turns into a whole unit: trunc(0.849 / 0.849) was 0 (eager: 1). The
