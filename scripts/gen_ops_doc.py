@@ -158,6 +158,9 @@ def render() -> str:
             f"- OpInfo {name}: {pct(s['pass'], s['capturable'])} pass "
             f"({s['entries']} entries, {s['capture']} capture failures, {s['skip']} skipped)."
         )
+    samples = samples_headline()
+    if samples:
+        out.append(samples)
     out += [
         "",
         "OpInfo runs the first sample of each entry per dtype by default "
@@ -214,6 +217,30 @@ def render() -> str:
     out += table(["entry", "dtypes", "kind", "cause"], failing)
     out += all_samples_section()
     return "\n".join(out) + "\n"
+
+
+def samples_headline() -> str | None:
+    """The Headline's line for the all-samples sweep (see :func:`all_samples_section`)."""
+    import json
+
+    if not H.ALL_SAMPLES_FILE.exists():
+        return None
+    data = json.loads(H.ALL_SAMPLES_FILE.read_text())
+    run = passed = silent = errors = capture = 0
+    for per in data["results"].values():
+        for cell in per.values():
+            if "skip" in cell:
+                continue
+            run, passed = run + cell["run"], passed + cell["pass"]
+            silent += len(cell.get("silent", ()))
+            errors += len(cell.get("error", ()))
+            capture += len(cell.get("capture", ()))
+    return (
+        f"- **Every OpInfo sample** (the first {data['samples_per_entry']} per entry and dtype, "
+        f"float32/bfloat16/int64/bool): {pct(passed, run - capture)} pass, "
+        f"**{silent} silent mismatches**, {errors} clear errors, {capture} that `aot_eager` "
+        "can't capture either ([below](#every-sample-not-just-the-first))."
+    )
 
 
 def all_samples_section() -> list[str]:

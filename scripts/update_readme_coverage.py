@@ -65,29 +65,6 @@ def tpu_summary(path: Path = ROOT / "benchmarks" / "results" / "tpu_models.json"
     )
 
 
-def samples_summary(path: Path = ROOT / "tests" / "conformance" / "all_samples.json") -> str | None:
-    """One line from the all-samples OpInfo sweep (``scripts/opinfo_all_samples.py --merge``)."""
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    run = passed = silent = errors = capture = 0
-    for per in data["results"].values():
-        for cell in per.values():
-            if "skip" in cell:
-                continue
-            run, passed = run + cell["run"], passed + cell["pass"]
-            silent += len(cell.get("silent", ()))
-            errors += len(cell.get("error", ()))
-            capture += len(cell.get("capture", ()))
-    counted = run - capture
-    return (
-        f"- **Every OpInfo sample** (the first {data['samples_per_entry']} per entry and dtype, "
-        f"float32/bfloat16/int64/bool): {passed}/{counted} pass ({100 * passed / counted:.1f}%), "
-        f"**{silent} silent mismatches**, {errors} clear errors, {capture} that `aot_eager` "
-        "can't capture either."
-    )
-
-
 def render() -> str:
     """The coverage block as it should read now."""
     lines = [START, "<!-- Written by scripts/update_readme_coverage.py; do not edit by hand. -->"]
@@ -95,7 +72,6 @@ def render() -> str:
         "From [docs/ops.md](docs/ops.md) (`scripts/gen_ops_doc.py`):",
         "",
         *_headline(ROOT / "docs" / "ops.md", "## Headline"),
-        *([line] if (line := samples_summary()) else []),
         "",
         "From [docs/models.md](docs/models.md) (`scripts/gen_models_doc.py`):",
         "",
