@@ -239,7 +239,7 @@ def samples_headline() -> str | None:
         f"- **Every OpInfo sample** (the first {data['samples_per_entry']} per entry and dtype, "
         f"float32/bfloat16/int64/bool): {pct(passed, run - capture)} pass, "
         f"**{silent} silent mismatches**, {errors} clear errors, {capture} that `aot_eager` "
-        "can't capture either ([below](#every-sample-not-just-the-first))."
+        'can\'t capture either (docs/ops.md, section "Every sample, not just the first").'
     )
 
 
