@@ -350,7 +350,8 @@ def div_mode(ctx, self, other, rounding_mode=None):
     dtype = ctx.out_dtype()
     compute = opmath_dtype(dtype)
     other_meta = ctx.arg_metas[1]
-    other_is_scalar = not isinstance(other_meta, torch.Tensor) or other_meta.numel() == 1
+    numel = other_meta.numel() if isinstance(other_meta, torch.Tensor) else 1
+    other_is_scalar = isinstance(numel, int) and numel == 1  # a symbolic size is not one
     # Like torch's kernels: self (a Python number too: 0.849 // a float16 tensor rounds 0.849
     # to float16 first) is converted to the result dtype, then computed in opmath; a scalar
     # divisor is read at full precision (``original_scalar_value``: bf16 0.8477 // 0.849 is 0).
