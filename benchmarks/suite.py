@@ -550,6 +550,23 @@ def run_compile(item: str, cache_dir: str, *, quick: bool) -> dict[str, Any]:
 # --- machine --------------------------------------------------------------------------------------
 
 
+def write_record(path, module: str, argv: list[str] | None, machine: dict, results: list) -> None:
+    """Write a benchmark's results file: the command that made it, the date, the machine (taken
+    before the runs, so its load average is the starting one) and the results."""
+    import datetime
+    import pathlib
+
+    record = {
+        "command": " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine,
+        "results": results,
+    }
+    path = pathlib.Path(path)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def machine_info() -> dict[str, Any]:
     """CPU count, platform, JAX device and library versions of this machine."""
     import platform

@@ -23,15 +23,12 @@ where an accelerator would copy); times are this machine's, with its load averag
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import pathlib
-import sys
 import time
 
 import torch
 
-from benchmarks.suite import machine_info
+from benchmarks.suite import machine_info, write_record
 from benchmarks.transfers import _delta, _llama, _param_bytes
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -148,16 +145,7 @@ def main(argv=None) -> int:
         torch._dynamo.reset()
         tpu_inductor.reset()
         results.append(loop(name, args.steps))
-    record = {
-        "command": " ".join(
-            ["python -m benchmarks.training_loop", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine,
-        "results": results,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "training_loop.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_record(RESULTS / "training_loop.json", "benchmarks.training_loop", argv, machine, results)
     print(table(results))
     return 0
 

@@ -25,15 +25,12 @@ table. Each ratio is bytes per step over the model's parameter bytes (or the cac
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import pathlib
-import sys
 import time
 
 import torch
 
-from benchmarks.suite import machine_info
+from benchmarks.suite import machine_info, write_record
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -258,38 +255,28 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+VARIANTS = (
+    "train",
+    "keep",
+    "keep-read10",
+    "keep-clip",
+    "keep-clip-host",
+    "decode",
+    "decode-keep",
+    "mlp",
+)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--only",
-        choices=[
-            "train",
-            "keep",
-            "keep-read10",
-            "keep-clip",
-            "keep-clip-host",
-            "decode",
-            "decode-keep",
-            "mlp",
-        ],
-        action="append",
-    )
+    parser.add_argument("--only", choices=VARIANTS, action="append")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     import tpu_inductor
 
     machine = machine_info()  # before the runs, so the load average is the starting one
-    todo = args.only or [
-        "train",
-        "keep",
-        "keep-read10",
-        "keep-clip",
-        "keep-clip-host",
-        "decode",
-        "decode-keep",
-        "mlp",
-    ]
+    todo = args.only or list(VARIANTS)
     results = []
     for name in todo:
         torch._dynamo.reset()
@@ -309,16 +296,7 @@ def main(argv=None) -> int:
             results.append(decode(keep_on_device=True))
         else:
             results.append(mlp())
-    record = {
-        "command": " ".join(
-            ["python -m benchmarks.transfers", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine,
-        "results": results,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "transfers.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_record(RESULTS / "transfers.json", "benchmarks.transfers", argv, machine, results)
     if not args.json_only:
         print(table(results))
     return 0
