@@ -219,6 +219,23 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+def sample_counts(results: dict, dtype_names) -> dict[str, int]:
+    """Sums over the sweep's (entry, dtype) cells of ``dtype_names``: entries, samples run,
+    passed, silent, error and capture."""
+    c = {"entries": 0, "run": 0, "pass": 0, "silent": 0, "error": 0, "capture": 0}
+    for per in results.values():
+        for name in dtype_names:
+            cell = per.get(name)
+            if cell is None or "skip" in cell:
+                continue
+            c["entries"] += 1
+            c["run"] += cell["run"]
+            c["pass"] += cell["pass"]
+            for k in ("silent", "error", "capture"):
+                c[k] += len(cell.get(k, ()))
+    return c
+
+
 def samples_headline() -> str | None:
     """The Headline's line for the all-samples sweep (see :func:`all_samples_section`)."""
     import json
@@ -226,19 +243,12 @@ def samples_headline() -> str | None:
     if not H.ALL_SAMPLES_FILE.exists():
         return None
     data = json.loads(H.ALL_SAMPLES_FILE.read_text())
-    run = passed = silent = errors = capture = 0
-    for per in data["results"].values():
-        for cell in per.values():
-            if "skip" in cell:
-                continue
-            run, passed = run + cell["run"], passed + cell["pass"]
-            silent += len(cell.get("silent", ()))
-            errors += len(cell.get("error", ()))
-            capture += len(cell.get("capture", ()))
+    c = sample_counts(data["results"], DTYPE_NAMES)
     return (
         f"- **Every OpInfo sample** (the first {data['samples_per_entry']} per entry and dtype, "
-        f"float32/bfloat16/int64/bool): {pct(passed, run - capture)} pass, "
-        f"**{silent} silent mismatches**, {errors} clear errors, {capture} that `aot_eager` "
+        f"float32/bfloat16/int64/bool): {pct(c['pass'], c['run'] - c['capture'])} pass, "
+        f"**{c['silent']} silent mismatches**, {c['error']} clear errors, {c['capture']} that "
+        "`aot_eager` "
         'can\'t capture either (docs/ops.md, section "Every sample, not just the first").'
     )
 
@@ -278,16 +288,7 @@ def all_samples_section() -> list[str]:
     ]
     rows = []
     for name in DTYPE_NAMES:
-        c = {"entries": 0, "run": 0, "pass": 0, "silent": 0, "error": 0, "capture": 0}
-        for per in results.values():
-            cell = per.get(name)
-            if cell is None or "skip" in cell:
-                continue
-            c["entries"] += 1
-            c["run"] += cell["run"]
-            c["pass"] += cell["pass"]
-            for k in ("silent", "error", "capture"):
-                c[k] += len(cell.get(k, ()))
+        c = sample_counts(results, (name,))
         counted = c["run"] - c["capture"]
         rows.append(
             [
