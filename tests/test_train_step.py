@@ -192,3 +192,51 @@ def test_lr_scheduler_with_a_tensor_lr_steps_without_recompiling():
     assert float(opt_c.param_groups[0]["lr"]) == float(opt_e.param_groups[0]["lr"])
     assert getattr(opt_c.step, "_wrapped_by_lr_sched", False)
     assert cache.STATS.graphs == 2  # the first step's program and the steady state's
+
+
+@pytest.mark.parametrize("choice", ["full", "selective"])
+def test_checkpointed_llama_step_is_one_program_with_eager_numbers(choice):
+    # Activation checkpointing inside one program: AOTAutograd's one-graph rematerialization
+    # refused SDPA (tagged random for its dropout) even at dropout_p=0.0; compile_step tells it
+    # attention without dropout is deterministic (train_step._deterministic_attention_recompute).
+    transformers = pytest.importorskip("transformers")
+    from tpu_inductor.planning import checkpoint_blocks
+
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model_e = transformers.LlamaForCausalLM(config).train()
+    model_c = copy.deepcopy(model_e)
+    assert checkpoint_blocks(model_e, choice) == checkpoint_blocks(model_c, choice) == 2
+    opt_e, opt_c = (
+        torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-3) for m in (model_e, model_c)
+    )
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2))
+
+    def train_step(ids):
+        loss = model_c(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        return loss.detach()
+
+    step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
+    for i in range(2):
+        # transformers' `kernels` layers set a context variable in each block's forward, which
+        # Dynamo refuses inside a checkpoint unless told to skip it in the recompute
+        with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+            runs, loss_c = _programs_per_call(step, ids)
+        loss_e = model_e(ids, labels=ids, use_cache=False).loss
+        loss_e.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        assert runs == 1
+        torch.testing.assert_close(loss_c, loss_e.detach(), atol=ATOL, rtol=RTOL)
+        _same_state(opt_c, opt_e, list(model_c.parameters()), list(model_e.parameters()), i)

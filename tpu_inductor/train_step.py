@@ -88,11 +88,72 @@ def compile_step(
 
     @functools.wraps(fn)
     def step(*args, **kwargs):
-        with torch._dynamo.config.patch(trace_autograd_ops=True), _traceable(optimizers):
+        with (
+            torch._dynamo.config.patch(trace_autograd_ops=True),
+            _traceable(optimizers),
+            _deterministic_attention_recompute(),
+        ):
             return compiled(*args, **kwargs)
 
     step._compiled = compiled
     return step
+
+
+# Attention ops that draw random numbers only for dropout: with dropout_p == 0 they are
+# deterministic, and recomputing them under activation checkpointing is safe.
+_DROPOUT_ATTENTION = frozenset(
+    {
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_efficient_attention",
+    }
+)
+
+
+class _deterministic_attention_recompute:
+    """While active, AOTAutograd's one-graph rematerialization (the pass that serves activation
+    checkpointing when the forward, the loss and the backward are one graph, as in
+    ``compile_step``) does not count attention without dropout as a random op.
+
+    Why: torch 2.13's ``remat_using_tags_for_fwd_loss_bwd_graph`` refuses any recomputed op
+    tagged ``nondeterministic_seeded``, and every SDPA kernel carries that tag for its dropout;
+    so a checkpointed transformer block (SDPA at ``dropout_p=0.0``, as in training most LLMs)
+    could not be compiled as one step at all. Nodes with a non-zero (or symbolic) dropout_p are
+    still refused by torch, with its own message. Scope: the name in that one torch module, for
+    the duration of a ``compile_step`` call.
+    """
+
+    def __enter__(self):
+        from torch._functorch._activation_checkpointing import (
+            remat_using_tags_for_fwd_loss_bwd_graph_pass as remat,
+        )
+
+        self.module = remat
+        self.saved = remat.has_recomputable_rng_ops
+        remat.has_recomputable_rng_ops = _has_recomputable_rng_ops
+        return self
+
+    def __exit__(self, *exc):
+        self.module.has_recomputable_rng_ops = self.saved
+        return False
+
+
+def _has_recomputable_rng_ops(gm) -> bool:
+    from torch._functorch.partitioners import must_recompute
+
+    for node in gm.graph.nodes:
+        tags = getattr(node.target, "tags", ())
+        if not (must_recompute(node) and torch.Tag.nondeterministic_seeded in tags):
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.name in _DROPOUT_ATTENTION:
+            names = [a.name for a in schema.arguments]
+            i = names.index("dropout_p")
+            dropout = node.kwargs.get("dropout_p", node.args[i] if len(node.args) > i else 0.0)
+            if dropout == 0.0:
+                continue
+        return True
+    return False
 
 
 def _check_supported(opt: torch.optim.Optimizer) -> None:
