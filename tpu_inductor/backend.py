@@ -8,9 +8,11 @@ runtime.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -211,6 +213,79 @@ def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list
             node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
         gm.recompile()
     return made
+
+
+_META_AS_CPU = threading.local()
+
+
+@contextlib.contextmanager
+def meta_fakes_as_cpu():
+    """While active, Dynamo fakes every ``meta`` tensor it meets as a CPU tensor of the same
+    shape, strides and dtype (its ``.grad`` too), so the whole function is traced as with real
+    weights. :func:`trace_meta_as_cpu` does this for AOTAutograd only, after Dynamo has traced
+    on ``meta``; a function that calls ``loss.backward()`` inside the compiled region
+    (``compile_step``) is differentiated by Dynamo itself, and on ``meta`` fakes the loss had no
+    derivative: ``cross_entropy``'s ``nll_loss`` has no autograd kernel for ``meta`` fakes
+    (torch 2.13 warns "an autograd kernel was not registered" and ``autograd.grad`` finds the
+    parameters unused), every ``.grad`` stayed ``None``, the optimizer skipped every parameter
+    and the step compiled to a forward alone. Nothing is read or allocated: the fakes' storage
+    is ``meta`` as always; only the device they report changes. Used around compile-only calls
+    (``options["target"]``); thread-local and re-entrant.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorConverter
+
+    depth = getattr(_META_AS_CPU, "depth", 0)
+    _META_AS_CPU.depth = depth + 1
+    if depth == 0 and not getattr(FakeTensorConverter.from_real_tensor, "_tpu_meta_as_cpu", 0):
+        FakeTensorConverter.from_real_tensor = _from_real_tensor_meta_as_cpu(
+            FakeTensorConverter.from_real_tensor
+        )
+    try:
+        yield
+    finally:
+        _META_AS_CPU.depth = depth
+
+
+def _from_real_tensor_meta_as_cpu(original):
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+
+    def as_cpu(a):
+        return cpu if isinstance(a, torch.device | str) and torch.device(a) == meta else a
+
+    @functools.wraps(original)
+    def from_real_tensor(self, fake_mode, t, *args, **kwargs):
+        if not getattr(_META_AS_CPU, "depth", 0) or t.device.type != "meta":
+            return original(self, fake_mode, t, *args, **kwargs)
+        inner = self.meta_converter
+
+        def converter(tensor, *a, callback=None, **kw):
+            def on_cpu(make, *cb_args, **cb_kwargs):
+                cb_args = tuple(as_cpu(x) for x in cb_args)
+                return callback(make, *cb_args, **{k: as_cpu(v) for k, v in cb_kwargs.items()})
+
+            return inner(tensor, *a, callback=None if callback is None else on_cpu, **kw)
+
+        self.meta_converter = _Delegate(inner, converter)
+        try:
+            return original(self, fake_mode, t, *args, **kwargs)
+        finally:
+            self.meta_converter = inner
+
+    from_real_tensor._tpu_meta_as_cpu = 1
+    return from_real_tensor
+
+
+class _Delegate:
+    """``inner`` with ``__call__`` replaced (its attributes, e.g. the memo, are ``inner``'s)."""
+
+    def __init__(self, inner, call):
+        self._inner, self._call = inner, call
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def _input_name(placeholders: list[fx.Node], i: int) -> str:

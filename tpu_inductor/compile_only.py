@@ -120,11 +120,15 @@ class TargetGraph:
             for m in self.lowered.mutations
             if m.input_index in exes.donated
         ]
+        role = programs.cache_role(self.role, self.lowered, traced.out_info)
+        graph = exes.name  # "graph3-inference": named by what it does, not by AOTAutograd's kind
+        if graph.endswith(f"-{self.kind}") and role != self.kind:
+            graph = graph[: -len(self.kind)] + role.replace(" ", "-")
         program = programs.record(
-            name=f"{exes.name}#{len(self._seen)}",
+            name=f"{graph}#{len(self._seen)}",
             graph=exes.name,
             kind=self.kind,
-            role=programs.cache_role(self.role, self.lowered, traced.out_info),
+            role=role,
             target=self.target,
             chips=1 if self.plan is None else self.plan.mesh.devices.size,
             inputs=specs,

@@ -23,19 +23,29 @@ from tpu_inductor.targets import Target
 _lock = threading.Lock()
 PROGRAMS: list[Program] = []  # in compile order; tpu_inductor.reset() clears it
 
-_OPTIMIZER_FILES = ("/torch/optim/",)
+# compile_step's traceable optimizer steps (train_step.py) call torch/optim's functional updates
+_OPTIMIZER_FILES = ("/torch/optim/", "/tpu_inductor/train_step.py")
+TRAINING_STEP = "training step"
 
 
 def role_of(gm, kind: str) -> str:
     """What a graph does in a step, as far as its code tells: ``forward``, ``backward``,
-    ``optimizer`` (most of its ops from ``torch/optim``) or ``inference`` (see
-    :func:`cache_role` for decode and prefill); ``-island`` kinds keep their suffix."""
+    ``training step`` (a graph that differentiates inside itself, ``loss.backward()`` traced
+    into it, and updates parameters: ``compile_step``'s one program), ``forward+backward``
+    (differentiates, no optimizer), ``optimizer`` (most of its ops from ``torch/optim``) or
+    ``inference`` (see :func:`cache_role` for decode and prefill); ``-island`` kinds keep their
+    suffix."""
     base, _, island = kind.partition("-")
     if base != "inference":
         return kind
-    traces = [n.meta.get("stack_trace") or "" for n in gm.graph.nodes if n.op == "call_function"]
-    if traces and sum(any(f in t for f in _OPTIMIZER_FILES) for t in traces) > len(traces) // 2:
-        return "optimizer" + (f"-{island}" if island else "")
+    suffix = f"-{island}" if island else ""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    traces = [n.meta.get("stack_trace") or "" for n in calls]
+    from_optim = sum(any(f in t for f in _OPTIMIZER_FILES) for t in traces)
+    if any(n.meta.get("autograd_backward") for n in calls):  # AOTAutograd's backward nodes
+        return (TRAINING_STEP if from_optim else "forward+backward") + suffix
+    if traces and from_optim > len(traces) // 2:
+        return "optimizer" + suffix
     return kind
 
 
