@@ -192,6 +192,7 @@ def by_module(ops: list[Op], depth: int = 4) -> list[tuple[str, int, int]]:
 
 # --- collectives ---------------------------------------------------------------------------------
 
+DCN_TRANSFER = "dcn-send"
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _COLLECTIVE = re.compile(
     r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) (" + "|".join(COLLECTIVES) + r")(-start)?\((.*)$"
@@ -199,6 +200,11 @@ _COLLECTIVE = re.compile(
 _GROUPS_LIST = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+# between slices, XLA splits a collective into its in-slice part and transfers over the
+# data-center network, which the TPU compiler writes as host sends to the megascale runtime
+_DCN_SEND = re.compile(
+    r"^\s*(?:ROOT )?%([\w.\-]+) = \((\w+\[[\d,]*\])\S*, .*? send\(.*xla_megascale_runtime(.*)$"
+)
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
@@ -209,7 +215,8 @@ class Collective:
 
     Attributes:
         name: its HLO name; ``kind``: ``all-gather``, ``reduce-scatter``, ``all-reduce``,
-            ``all-to-all`` or ``collective-permute``.
+            ``all-to-all``, ``collective-permute``, or ``dcn-send`` (the part of a collective
+            across slices that XLA sends over the data-center network).
         bytes: the bytes it hands each device: the gathered result (all-gather), the reduced
             input (reduce-scatter: the result times the group), the reduced value
             (all-reduce), the exchanged buffer (all-to-all, collective-permute).
@@ -234,7 +241,7 @@ class Collective:
         ``bytes * (n-1)/n`` for all-gather, reduce-scatter and all-to-all, twice that for
         all-reduce (a reduce-scatter then an all-gather), ``bytes`` for a permute."""
         n = self.group_size
-        if self.kind == "collective-permute":
+        if self.kind in ("collective-permute", DCN_TRANSFER):
             return float(self.bytes)
         share = self.bytes * (n - 1) / n
         return 2 * share if self.kind == "all-reduce" else share
@@ -247,6 +254,10 @@ def collectives(text: str, num_devices: int) -> list[Collective]:
     for line in text.splitlines():
         m = _COLLECTIVE.match(line)
         if m is None:
+            dcn = _DCN_SEND.match(line)
+            if dcn is not None:  # the data-center-network leg of a collective across slices
+                found.append(Collective(dcn.group(1), DCN_TRANSFER, _array_bytes(dcn.group(2)),
+                                        (), "", None))  # fmt: skip
             continue
         name, shape, kind, _start, rest = m.groups()
         size = _collective_bytes(shape, kind, bool(_start))

@@ -224,6 +224,10 @@ def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
     names = mesh.axis_names if mesh is not None else ("-",)
     comms = []
     for op in ops:
+        if op.kind == hlo.DCN_TRANSFER:
+            seconds = op.ring_bytes() / (chip.dcn_bytes_per_s or chip.ici_bytes_per_s)
+            comms.append(Comm(op, "slices", "DCN", seconds))
+            continue
         group = [i for i in op.group if i < len(flat)]
         axes = "?"
         if group:
