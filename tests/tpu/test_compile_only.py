@@ -119,6 +119,10 @@ def test_a_model_too_big_for_the_chip_says_by_how_much():
     assert re.search(r"graph\d+-forward#0 \(forward\): does not fit: the program needs", message)
     assert "chip has 15.75 GiB usable" in message and "GiB over" in message
     assert "shard it over more chips" in message
+    # one figure for usable HBM, in the header and the error; binary units only
+    text = str(report)
+    assert "15.75 GiB HBM usable by a program (of 16.00 GiB)" in text
+    assert not re.search(r"\d (MB|GB)\b", text.replace("GB/s", "")), text
 
 
 def test_an_op_the_tpu_cannot_compile_is_named_with_its_line():
