@@ -12,6 +12,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import re
 import threading
 import time
 import warnings
@@ -37,7 +38,8 @@ from tpu_inductor.compile_only import TargetGraph
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.devices import compiler_options, platform_of, select_device
-from tpu_inductor.errors import UnsupportedInputError
+from tpu_inductor.dtypes import TPU_UNSUPPORTED
+from tpu_inductor.errors import UnsupportedDtypeError, UnsupportedInputError
 from tpu_inductor.lower import (
     check_dtypes,
     describe_node,
@@ -102,6 +104,8 @@ def tpu_backend(
         device = tpu_target(opts.target).devices[0]
     else:
         device = select_device(opts.device)
+    if platform_of(device) == "tpu":
+        check_input_dtypes(gm, example_inputs)
     export_key = None
     if opts.cache_dir:
         cache.enable_persistent_cache(opts.cache_dir)
@@ -145,6 +149,35 @@ def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             "load_state_dict or re-initialize; torch.empty_like(t, device='cpu') for a "
             "tensor). To compute only output shapes, call the model without torch.compile: "
             "eager torch runs meta tensors."
+        )
+
+
+def module_path(source_name: str) -> str:
+    """``model.layers.0.mlp.up_proj.weight`` for Dynamo's source name of a graph input
+    (``L['args'][0]._modules['model']..._parameters['weight']``, ``G['lin']._parameters['bias']``,
+    ``L['x']``): a parameter or buffer by its module path, another input by its name."""
+    path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", source_name)
+    path = re.sub(r"^L\['(?:self|fn)'\](?=\.)|^L\['args'\]\[0\](?=\.)", "", path)
+    path = re.sub(r"^[LG]\['([^']+)'\]", r"\1", path)
+    return path.lstrip(".")
+
+
+def check_input_dtypes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Raise one :class:`UnsupportedDtypeError` naming, by module path, every input of a graph
+    for a TPU (parameters, buffers, arguments) that is float64 or complex128, before torch's
+    tracing renames them ``primals_N``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bad = [
+        f"{module_path(_input_name(placeholders, i))}: {describe_value(t)}"
+        for i, t in enumerate(example_inputs)
+        if isinstance(t, torch.Tensor) and t.dtype in TPU_UNSUPPORTED
+    ]
+    if bad:
+        raise UnsupportedDtypeError(
+            "TPUs have no 64-bit floating point; these inputs of the compiled region are "
+            "float64/complex128:\n  - " + "\n  - ".join(bad) + "\nWhat to do: convert them to "
+            "float32 (model.float(), tensor.float(), or torch.set_default_dtype(torch.float32) "
+            "before building the model) or compile with options={'device': 'cpu'}."
         )
 
 
