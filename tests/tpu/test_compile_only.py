@@ -155,3 +155,16 @@ def test_float64_is_refused_for_a_tpu_target_with_its_line():
     f = torch.compile(lambda x: x * 2, backend="tpu", options={"target": "v5e"})
     with pytest.raises(tpu_inductor.UnsupportedDtypeError, match="float64"):
         f(torch.randn(3, dtype=torch.float64))
+
+
+def test_float64_parameters_are_named_by_module_path():
+    """Not ``primals_1`` "made by torch's tracing": the parameter's own name."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    model[2].double()
+    cm = torch.compile(model.double(), backend="tpu", options={"target": "v5e"})
+    with pytest.raises(tpu_inductor.UnsupportedDtypeError) as info:
+        cm(torch.randn(2, 4, dtype=torch.float64))
+    message = str(info.value)
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert f"  - {name}: float64[" in message, message
+    assert "primals_" not in message and "model.float()" in message
