@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None):
     options = {"target": args.target}
     if args.shardings:
         target = tpu_inductor.tpu_target(args.target)
-        axes = {"data": target.num_chips // 2, "model": 2} if args.shardings == "tp" else None
+        axes = {"data": target.num_devices // 2, "model": 2} if args.shardings == "tp" else None
         options |= {"mesh": target.mesh(axes or ("data",)), "shardings": args.shardings}
 
     # the training step as on a TPU: compiled model, loss.backward(), compiled AdamW
