@@ -15,6 +15,7 @@ chip's HBM is reported with by how much.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import transformers
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None):
     )
     args = p.parse_args(argv)
     if args.readme_sample:
-        args = p.parse_args([*README_ARGS, *(argv or [])])
+        args = p.parse_args([*README_ARGS, *(sys.argv[1:] if argv is None else argv)])
 
     config = transformers.LlamaConfig(
         hidden_size=args.hidden,

@@ -81,7 +81,7 @@ def test_the_step_peak_counts_what_stays_resident_between_programs(monkeypatch):
     largest program's peak and the step's, every program fits and the step does not."""
     with torch.device("meta"):
         model = tiny_llama(
-            hidden_size=256, intermediate_size=512, num_attention_heads=4,
+            hidden_size=128, intermediate_size=256, num_attention_heads=4,
             max_position_embeddings=128,
         )  # fmt: skip
     # activations large enough that the backward, not the optimizer, has the largest peak
