@@ -15,14 +15,22 @@ chip's HBM is reported with by how much.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import transformers
 
 import tpu_inductor
 
+# the README's sample report (tests/tpu/test_readme_sample.py checks it still matches)
+README_ARGS = [
+    "--hidden", "256", "--intermediate", "704", "--layers", "2", "--heads", "4",
+    "--kv-heads", "2", "--vocab", "8192", "--batch", "8", "--seq", "256",
+]  # fmt: skip
 
-def main() -> None:
+
+def main(argv: list[str] | None = None):
+    """Compile the step for the target and print the report; returns it."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="v5e")
     p.add_argument("--shardings", default=None, help="dp, fsdp or tp (with a multi-chip target)")
@@ -36,7 +44,12 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--plot", default=None, help="write HBM per program to this PNG")
-    args = p.parse_args()
+    p.add_argument(
+        "--readme-sample", action="store_true", help="the README's sample (a smaller model)"
+    )
+    args = p.parse_args(argv)
+    if args.readme_sample:
+        args = p.parse_args([*README_ARGS, *(sys.argv[1:] if argv is None else argv)])
 
     config = transformers.LlamaConfig(
         hidden_size=args.hidden,
@@ -54,7 +67,7 @@ def main() -> None:
     options = {"target": args.target}
     if args.shardings:
         target = tpu_inductor.tpu_target(args.target)
-        axes = {"data": target.num_chips // 2, "model": 2} if args.shardings == "tp" else None
+        axes = {"data": target.num_devices // 2, "model": 2} if args.shardings == "tp" else None
         options |= {"mesh": target.mesh(axes or ("data",)), "shardings": args.shardings}
 
     # the training step as on a TPU: compiled model, loss.backward(), compiled AdamW
@@ -67,6 +80,7 @@ def main() -> None:
     report = tpu_inductor.tpu_report()
     if args.plot:
         report.plot(args.plot)
+    return report
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +33,9 @@ HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
         ("v5p-16", "v5p", (2, 2, 2)),
         ("v4:2x2x1", "v4", (2, 2, 1)),
         ("TPU v5p", "v5p", (1, 1, 1)),
+        ("tpu7x:2x2x1", "tpu7x", (2, 2, 1)),
+        ("tpu7x-8", "tpu7x", (2, 2, 1)),  # 8 TensorCores: 4 chips of 2 (8 JAX devices)
+        ("ironwood", "tpu7x", (1, 1, 1)),
     ],
 )
 def test_target_names(name, generation, grid):
@@ -41,7 +45,7 @@ def test_target_names(name, generation, grid):
 @pytest.mark.parametrize(
     "name, says",
     [
-        ("v9z:2x2", "Generations: v4, v5e, v5p, v6e"),
+        ("v9z:2x2", "Generations: v4, v5e, v5p, v6e, tpu7x"),
         ("v5e:2x2x1", "v5e chips form a 2-D grid"),
         ("v4-3", "the count is TensorCores (2 per chip), got 3"),
         ("v5e-6", "6 chips is not a slice size"),
@@ -134,3 +138,82 @@ def test_program_names_module_path_aten_op_and_source_line(tmp_path):
 
 def test_report_of_no_target_says_how_to_get_one():
     assert "options={'target'" in str(tpu_inductor.tpu_report(print_table=False))
+
+
+@pytest.mark.parametrize(
+    "name, base, slices",
+    [("v5e:2x2x2slices", "v5e:2x2", 2), ("v5p-8 x 4 slices", "v5p-8", 4), ("v6e-4", "v6e-4", 1)],
+)
+def test_multi_slice_names(name, base, slices):
+    assert targets.split_slices(name) == (base, slices)
+
+
+def test_chip_figures_are_googles_published_ones():
+    """From https://docs.cloud.google.com/tpu/docs/tpu7x's table (v5p, v6e, TPU7x columns) and
+    the v5e page; TPU7x is two devices per chip, each given half the chip's figures."""
+    v6e, v5p, v5e, tpu7x = (targets.CHIPS[g] for g in ("v6e", "v5p", "v5e", "tpu7x"))
+    assert (v6e.hbm_bytes_per_s, v6e.bf16_flops, v6e.ici_bytes_per_s) == (1.638e12, 918e12, 800e9)
+    assert (v5p.hbm_bytes_per_s, v5p.ici_bytes_per_s) == (2.765e12, 1200e9)
+    assert (v5e.hbm_bytes_per_s, v5e.ici_bytes_per_s) == (819e9, 400e9)
+    assert tpu7x.devices_per_chip == 2
+    assert tpu7x.hbm_bytes * 2 == 192 * 2**30 and tpu7x.bf16_flops * 2 == 2307e12
+    assert tpu7x.hbm_bytes_per_s * 2 == 7.38e12 and tpu7x.ici_bytes_per_s * 2 == 1200e9
+    for chip in targets.CHIPS.values():  # libtpu keeps a little HBM for itself...
+        assert 0.95 * chip.hbm_bytes < chip.usable_hbm_bytes <= chip.hbm_bytes * 1.01
+        assert chip.source.startswith("https://")
+    # ...except on v5p, whose compiler allows 95.74 GiB where the page says 95
+    assert targets.CHIPS["v5p"].usable_hbm_bytes > targets.CHIPS["v5p"].hbm_bytes
+
+
+_HLO = """HloModule m
+ENTRY %main {
+  %p = f32[64,64]{1,0} parameter(0)
+  %all-gather.1 = f32[256,64]{1,0} all-gather(%p), channel_id=1, replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_1'}, dimensions={0}, metadata={op_name="jit(g)/model.q_proj/aten::mm/dot_general"}
+  %reduce-scatter.2 = f32[16,64]{1,0} reduce-scatter(%p), channel_id=2, replica_groups={{0,1,2,3}}, dimensions={0}
+  %all-reduce.3 = (f32[8]{0}, f32[32,64]{1,0}) all-reduce(%a, %b), channel_id=3, replica_groups=[2,2]<=[2,2]T(1,0)
+  %all-gather-start.4 = (f32[8,64]{1,0}, f32[16,64]{1,0}) all-gather-start(%p), channel_id=4, replica_groups=[2,2]<=[4]
+  %send.5 = (f32[2,128]{1,0}, u32[], token[]) send(%x, %t), channel_id=5, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime"}
+}
+"""  # noqa: E501
+
+
+def test_collectives_are_read_from_every_replica_group_spelling():
+    from tpu_inductor import hlo
+
+    ops = hlo.collectives(_HLO, 4)
+    got = [(c.kind, c.bytes, c.group) for c in ops]
+    assert got == [
+        ("all-gather", 256 * 64 * 4, (0, 1)),  # mesh axes: axis_1 varies fastest
+        ("reduce-scatter", 16 * 64 * 4 * 4, (0, 1, 2, 3)),  # the input: result x group
+        ("all-reduce", (8 + 32 * 64) * 4, (0, 2)),  # a combined all-reduce: every operand
+        ("all-gather", 16 * 64 * 4, (0, 1)),  # async: the result half of its tuple
+        ("dcn-send", 2 * 128 * 4, ()),
+    ]
+    assert ops[0].scope == "model.q_proj/aten::mm"
+    # ring model: all-gather (n-1)/n of its bytes, all-reduce twice that
+    assert ops[0].ring_bytes() == 256 * 64 * 4 / 2
+    assert ops[2].ring_bytes() == 2 * (8 + 32 * 64) * 4 / 2
+
+
+def test_bound_says_ici_when_collectives_dominate():
+    from jax.sharding import Mesh
+
+    from tpu_inductor import hlo, programs
+
+    chip = targets.CHIPS["v5e"]
+
+    class Dev:  # a device as a mesh holds it: only its slice matters here
+        def __init__(self, i):
+            self.id, self.slice_index = i, 0
+
+    devices = tuple(Dev(i) for i in range(4))
+    target = targets.Target("v5e:2x2", "v5e:2x2", chip, devices)
+    mesh = Mesh(np.array(devices, dtype=object).reshape(2, 2), ("data", "model"))
+    op = hlo.Collective("ar", "all-reduce", 2**30, (0, 1), "", None)
+    (comm,) = programs.place_collectives([op], target, mesh)
+    assert (comm.axes, comm.link) == ("model", "ICI")
+    assert comm.seconds == pytest.approx(2 * 2**30 * 0.5 / 400e9)
+    program = programs.Program("g#0", "g", "forward", "forward", target, 4, [], 0, None, 0.0)
+    program.bytes_accessed = 1e6
+    program.comms = [comm]
+    assert program.bound == "ICI" and program.roofline_seconds == comm.seconds

@@ -8,9 +8,12 @@ runtime.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
+import re
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -35,7 +38,8 @@ from tpu_inductor.compile_only import TargetGraph
 from tpu_inductor.config import Options, configure_logging, parse_options
 from tpu_inductor.debug import dump_graph
 from tpu_inductor.devices import compiler_options, platform_of, select_device
-from tpu_inductor.errors import UnsupportedInputError
+from tpu_inductor.dtypes import TPU_UNSUPPORTED
+from tpu_inductor.errors import UnsupportedDtypeError, UnsupportedInputError
 from tpu_inductor.lower import (
     check_dtypes,
     describe_node,
@@ -100,6 +104,8 @@ def tpu_backend(
         device = tpu_target(opts.target).devices[0]
     else:
         device = select_device(opts.device)
+    if platform_of(device) == "tpu":
+        check_input_dtypes(gm, example_inputs)
     export_key = None
     if opts.cache_dir:
         cache.enable_persistent_cache(opts.cache_dir)
@@ -143,6 +149,35 @@ def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             "load_state_dict or re-initialize; torch.empty_like(t, device='cpu') for a "
             "tensor). To compute only output shapes, call the model without torch.compile: "
             "eager torch runs meta tensors."
+        )
+
+
+def module_path(source_name: str) -> str:
+    """``model.layers.0.mlp.up_proj.weight`` for Dynamo's source name of a graph input
+    (``L['args'][0]._modules['model']..._parameters['weight']``, ``G['lin']._parameters['bias']``,
+    ``L['x']``): a parameter or buffer by its module path, another input by its name."""
+    path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", source_name)
+    path = re.sub(r"^L\['(?:self|fn)'\](?=\.)|^L\['args'\]\[0\](?=\.)", "", path)
+    path = re.sub(r"^[LG]\['([^']+)'\]", r"\1", path)
+    return path.lstrip(".")
+
+
+def check_input_dtypes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Raise one :class:`UnsupportedDtypeError` naming, by module path, every input of a graph
+    for a TPU (parameters, buffers, arguments) that is float64 or complex128, before torch's
+    tracing renames them ``primals_N``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bad = [
+        f"{module_path(_input_name(placeholders, i))}: {describe_value(t)}"
+        for i, t in enumerate(example_inputs)
+        if isinstance(t, torch.Tensor) and t.dtype in TPU_UNSUPPORTED
+    ]
+    if bad:
+        raise UnsupportedDtypeError(
+            "TPUs have no 64-bit floating point; these inputs of the compiled region are "
+            "float64/complex128:\n  - " + "\n  - ".join(bad) + "\nWhat to do: convert them to "
+            "float32 (model.float(), tensor.float(), or torch.set_default_dtype(torch.float32) "
+            "before building the model) or compile with options={'device': 'cpu'}."
         )
 
 
@@ -211,6 +246,79 @@ def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list
             node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
         gm.recompile()
     return made
+
+
+_META_AS_CPU = threading.local()
+
+
+@contextlib.contextmanager
+def meta_fakes_as_cpu():
+    """While active, Dynamo fakes every ``meta`` tensor it meets as a CPU tensor of the same
+    shape, strides and dtype (its ``.grad`` too), so the whole function is traced as with real
+    weights. :func:`trace_meta_as_cpu` does this for AOTAutograd only, after Dynamo has traced
+    on ``meta``; a function that calls ``loss.backward()`` inside the compiled region
+    (``compile_step``) is differentiated by Dynamo itself, and on ``meta`` fakes the loss had no
+    derivative: ``cross_entropy``'s ``nll_loss`` has no autograd kernel for ``meta`` fakes
+    (torch 2.13 warns "an autograd kernel was not registered" and ``autograd.grad`` finds the
+    parameters unused), every ``.grad`` stayed ``None``, the optimizer skipped every parameter
+    and the step compiled to a forward alone. Nothing is read or allocated: the fakes' storage
+    is ``meta`` as always; only the device they report changes. Used around compile-only calls
+    (``options["target"]``); thread-local and re-entrant.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorConverter
+
+    depth = getattr(_META_AS_CPU, "depth", 0)
+    _META_AS_CPU.depth = depth + 1
+    if depth == 0 and not getattr(FakeTensorConverter.from_real_tensor, "_tpu_meta_as_cpu", 0):
+        FakeTensorConverter.from_real_tensor = _from_real_tensor_meta_as_cpu(
+            FakeTensorConverter.from_real_tensor
+        )
+    try:
+        yield
+    finally:
+        _META_AS_CPU.depth = depth
+
+
+def _from_real_tensor_meta_as_cpu(original):
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+
+    def as_cpu(a):
+        return cpu if isinstance(a, torch.device | str) and torch.device(a) == meta else a
+
+    @functools.wraps(original)
+    def from_real_tensor(self, fake_mode, t, *args, **kwargs):
+        if not getattr(_META_AS_CPU, "depth", 0) or t.device.type != "meta":
+            return original(self, fake_mode, t, *args, **kwargs)
+        inner = self.meta_converter
+
+        def converter(tensor, *a, callback=None, **kw):
+            def on_cpu(make, *cb_args, **cb_kwargs):
+                cb_args = tuple(as_cpu(x) for x in cb_args)
+                return callback(make, *cb_args, **{k: as_cpu(v) for k, v in cb_kwargs.items()})
+
+            return inner(tensor, *a, callback=None if callback is None else on_cpu, **kw)
+
+        self.meta_converter = _Delegate(inner, converter)
+        try:
+            return original(self, fake_mode, t, *args, **kwargs)
+        finally:
+            self.meta_converter = inner
+
+    from_real_tensor._tpu_meta_as_cpu = 1
+    return from_real_tensor
+
+
+class _Delegate:
+    """``inner`` with ``__call__`` replaced (its attributes, e.g. the memo, are ``inner``'s)."""
+
+    def __init__(self, inner, call):
+        self._inner, self._call = inner, call
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def _input_name(placeholders: list[fx.Node], i: int) -> str:

@@ -91,11 +91,30 @@ class TargetGraph:
         )
         program = self._seen.get(signature)
         if program is None:
-            program = self._compile(signature, specs, statics)
+            program = self._compile(signature, specs, statics, self._values(inputs, specs))
             self._seen[signature] = program
         return self._placeholders(program, inputs, specs, statics)
 
-    def _compile(self, signature, specs: list, statics: list) -> programs.Program:
+    def _values(self, inputs: list, specs: list) -> list[programs.Value]:
+        """Each tensor input as the step's memory sees it: which tensor, what kind, bytes per
+        device (its shard's)."""
+        mutated = {m.input_index for m in self.lowered.mutations}
+        values = []
+        tensors = [i for i in range(len(inputs)) if i in self._tensor_inputs]
+        for i, spec in zip(tensors, specs, strict=True):
+            t = inputs[i]
+            if isinstance(t, torch.nn.Parameter):
+                kind = "parameter"
+            elif i in mutated:
+                kind = "state"
+            else:
+                kind = "other"
+            shape = spec.sharding.shard_shape(spec.shape) if spec.shape else spec.shape
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            values.append(programs.Value(id(t), kind, nbytes))
+        return values
+
+    def _compile(self, signature, specs: list, statics: list, values=()) -> programs.Program:
         exes = self.exes
         seed = None
         if self.lowered.has_rng:
@@ -120,11 +139,15 @@ class TargetGraph:
             for m in self.lowered.mutations
             if m.input_index in exes.donated
         ]
+        role = programs.cache_role(self.role, self.lowered, traced.out_info)
+        graph = exes.name  # "graph3-inference": named by what it does, not by AOTAutograd's kind
+        if graph.endswith(f"-{self.kind}") and role != self.kind:
+            graph = graph[: -len(self.kind)] + role.replace(" ", "-")
         program = programs.record(
-            name=f"{exes.name}#{len(self._seen)}",
+            name=f"{graph}#{len(self._seen)}",
             graph=exes.name,
             kind=self.kind,
-            role=programs.cache_role(self.role, self.lowered, traced.out_info),
+            role=role,
             target=self.target,
             chips=1 if self.plan is None else self.plan.mesh.devices.size,
             inputs=specs,
@@ -134,6 +157,8 @@ class TargetGraph:
             jaxpr=traced.jaxpr,
             seconds=seconds,
             donated=donated,
+            mesh=None if self.plan is None else self.plan.mesh,
+            values=values,
         )
         return program
 

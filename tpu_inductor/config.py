@@ -235,7 +235,7 @@ def parse_options(options: Mapping[str, Any] | None, mode: str | None = None) ->
 
 def _target_problems(values: dict) -> list[str]:
     """What is wrong with the ``target`` option and the options it must agree with."""
-    from tpu_inductor.targets import Target, parse_name, tpu_target
+    from tpu_inductor.targets import Target, parse_name, split_slices, tpu_target
 
     target = values.get("target")
     if isinstance(target, Target):
@@ -246,7 +246,7 @@ def _target_problems(values: dict) -> list[str]:
         return [f"option 'target' must be a TPU topology name like 'v5e:2x2', got {target!r}"]
 
     try:
-        parse_name(target)
+        parse_name(split_slices(target)[0])
     except InvalidOptionError as e:
         return [str(e)]
     problems = []

@@ -190,6 +190,149 @@ def by_module(ops: list[Op], depth: int = 4) -> list[tuple[str, int, int]]:
     return rows
 
 
+# --- collectives ---------------------------------------------------------------------------------
+
+DCN_TRANSFER = "dcn-send"
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_COLLECTIVE = re.compile(
+    r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) (" + "|".join(COLLECTIVES) + r")(-start)?\((.*)$"
+)
+_GROUPS_LIST = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+# between slices, XLA splits a collective into its in-slice part and transfers over the
+# data-center network, which the TPU compiler writes as host sends to the megascale runtime
+_DCN_SEND = re.compile(
+    r"^\s*(?:ROOT )?%([\w.\-]+) = \((\w+\[[\d,]*\])\S*, .*? send\(.*xla_megascale_runtime(.*)$"
+)
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+
+
+@dataclasses.dataclass
+class Collective:
+    """One collective of an optimized HLO module (any computation: XLA puts some inside
+    fusions).
+
+    Attributes:
+        name: its HLO name; ``kind``: ``all-gather``, ``reduce-scatter``, ``all-reduce``,
+            ``all-to-all``, ``collective-permute``, or ``dcn-send`` (the part of a collective
+            across slices that XLA sends over the data-center network).
+        bytes: the bytes it hands each device: the gathered result (all-gather), the reduced
+            input (reduce-scatter: the result times the group), the reduced value
+            (all-reduce), the exchanged buffer (all-to-all, collective-permute).
+        group: the device ids (logical: positions in the mesh) of its first replica group.
+        scope / source: the torch module path and ATen op, and the user's line.
+    """
+
+    name: str
+    kind: str
+    bytes: int
+    group: tuple[int, ...]
+    scope: str
+    source: str | None
+
+    @property
+    def group_size(self) -> int:
+        """How many devices take part together."""
+        return max(len(self.group), 1)
+
+    def ring_bytes(self) -> float:
+        """Bytes each device sends over its links in a ring (bidirectional) algorithm:
+        ``bytes * (n-1)/n`` for all-gather, reduce-scatter and all-to-all, twice that for
+        all-reduce (a reduce-scatter then an all-gather), ``bytes`` for a permute."""
+        n = self.group_size
+        if self.kind in ("collective-permute", DCN_TRANSFER):
+            return float(self.bytes)
+        share = self.bytes * (n - 1) / n
+        return 2 * share if self.kind == "all-reduce" else share
+
+
+def collectives(text: str, num_devices: int) -> list[Collective]:
+    """Every collective in an optimized HLO module, with its bytes and first replica group."""
+    frames = parse_tables(text)
+    found = []
+    for line in text.splitlines():
+        m = _COLLECTIVE.match(line)
+        if m is None:
+            dcn = _DCN_SEND.match(line)
+            if dcn is not None:  # the data-center-network leg of a collective across slices
+                found.append(Collective(dcn.group(1), DCN_TRANSFER, _array_bytes(dcn.group(2)),
+                                        (), "", None))  # fmt: skip
+            continue
+        name, shape, kind, _start, rest = m.groups()
+        size = _collective_bytes(shape, kind, bool(_start))
+        group = _first_group(rest, num_devices)
+        if kind == "reduce-scatter":
+            size *= max(len(group), 1)
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        frame = re.search(r"stack_frame_id=(\d+)", rest)
+        found.append(
+            Collective(
+                name=name,
+                kind=kind,
+                bytes=size,
+                group=group,
+                scope=_scope(op_name.group(1)) if op_name else "",
+                source=frames.get(int(frame.group(1))) if frame else None,
+            )
+        )
+    return found
+
+
+def _collective_bytes(shape: str, kind: str, start: bool) -> int:
+    """The bytes of a collective's result: every array of a combined op's tuple; of an async
+    all-gather's or permute's ``(operands, results, ...)`` tuple, the results."""
+    if start and kind in ("all-gather", "collective-permute") and shape.startswith("("):
+        parts = _top_level(shape[1:-1])
+        if len(parts) >= 2:
+            return _array_bytes(parts[1])
+    return _array_bytes(shape)
+
+
+def _top_level(text: str) -> list[str]:
+    parts, depth, last = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(text[last:i])
+            last = i + 1
+    return parts + [text[last:]]
+
+
+def _first_group(rest: str, num_devices: int) -> tuple[int, ...]:
+    """The first replica group, in any of the optimized HLO's three spellings: explicit lists
+    ``{{0,1},{2,3}}``, iota ``[2,2]<=[4]`` / ``[2,2]<=[2,2]T(1,0)``, or mesh axes
+    ``mesh['axis_0'=2,'axis_1'=2] {'axis_1'}``; a permute's source/target pairs."""
+    m = _GROUPS_MESH.search(rest)
+    if m:
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        names = [a for a, _ in axes]
+        sizes = [int(n) for _, n in axes]
+        chosen = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(2)) if a in names]
+        ids = np.arange(int(np.prod(sizes))).reshape(sizes)
+        index = tuple(slice(None) if i in chosen else 0 for i in range(len(sizes)))
+        return tuple(int(i) for i in ids[index].ravel())
+    m = _GROUPS_IOTA.search(rest)
+    if m:
+        shape = [int(d) for d in m.group(1).split(",")]
+        dims = [int(d) for d in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(d) for d in m.group(3).split(",")])
+        return tuple(int(i) for i in ids.reshape(shape)[0])
+    m = _GROUPS_LIST.search(rest)
+    if m and m.group(1).strip():
+        first = re.search(r"\{([\d,\s]*)\}", m.group(1))
+        ids = [int(i) for i in first.group(1).replace(" ", "").split(",") if i]
+        return tuple(ids) or tuple(range(num_devices))
+    m = _PAIRS.search(rest)
+    if m:
+        pairs = re.findall(r"\{(\d+),(\d+)\}", m.group(1))
+        return (int(pairs[0][0]), int(pairs[0][1])) if pairs else ()
+    return tuple(range(num_devices))  # no groups given: every device
+
+
 # --- matmul FLOPs by operand dtype and precision, from the jaxpr ----------------------------------
 
 

@@ -23,19 +23,29 @@ from tpu_inductor.targets import Target
 _lock = threading.Lock()
 PROGRAMS: list[Program] = []  # in compile order; tpu_inductor.reset() clears it
 
-_OPTIMIZER_FILES = ("/torch/optim/",)
+# compile_step's traceable optimizer steps (train_step.py) call torch/optim's functional updates
+_OPTIMIZER_FILES = ("/torch/optim/", "/tpu_inductor/train_step.py")
+TRAINING_STEP = "training step"
 
 
 def role_of(gm, kind: str) -> str:
     """What a graph does in a step, as far as its code tells: ``forward``, ``backward``,
-    ``optimizer`` (most of its ops from ``torch/optim``) or ``inference`` (see
-    :func:`cache_role` for decode and prefill); ``-island`` kinds keep their suffix."""
+    ``training step`` (a graph that differentiates inside itself, ``loss.backward()`` traced
+    into it, and updates parameters: ``compile_step``'s one program), ``forward+backward``
+    (differentiates, no optimizer), ``optimizer`` (most of its ops from ``torch/optim``) or
+    ``inference`` (see :func:`cache_role` for decode and prefill); ``-island`` kinds keep their
+    suffix."""
     base, _, island = kind.partition("-")
     if base != "inference":
         return kind
-    traces = [n.meta.get("stack_trace") or "" for n in gm.graph.nodes if n.op == "call_function"]
-    if traces and sum(any(f in t for f in _OPTIMIZER_FILES) for t in traces) > len(traces) // 2:
-        return "optimizer" + (f"-{island}" if island else "")
+    suffix = f"-{island}" if island else ""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    traces = [n.meta.get("stack_trace") or "" for n in calls]
+    from_optim = sum(any(f in t for f in _OPTIMIZER_FILES) for t in traces)
+    if any(n.meta.get("autograd_backward") for n in calls):  # AOTAutograd's backward nodes
+        return (TRAINING_STEP if from_optim else "forward+backward") + suffix
+    if traces and from_optim > len(traces) // 2:
+        return "optimizer" + suffix
     return kind
 
 
@@ -77,6 +87,10 @@ class Program:
         ops: the top-level ops of the optimized HLO, with estimates and sources (``hlo.Op``).
         matmul_flops: ``(operand dtype, precision) -> FLOPs`` of its matmuls (from the jaxpr).
         out_info: the outputs' shapes and dtypes; ``hlo_text``: the optimized HLO module.
+        comms: the collectives of the optimized HLO (:class:`Comm`: kind, bytes, mesh axes,
+            link and time).
+        values: per tensor input, a :class:`Value` (which tensor, what it is, bytes per
+            device), for the step's memory (``tpu_report.Step``).
     """
 
     name: str
@@ -99,6 +113,8 @@ class Program:
     out_info: tuple = ()
     hlo_text: str = dataclasses.field(default="", repr=False)
     raw_error: str | None = dataclasses.field(default=None, repr=False)
+    comms: list = dataclasses.field(default_factory=list)
+    values: list = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def compiled(self) -> bool:
@@ -107,21 +123,24 @@ class Program:
 
     @property
     def peak_bytes(self) -> int:
-        """HBM the program needs per chip while it runs: its arguments, its outputs that do not
-        reuse a donated argument's buffer, its temporaries and its code."""
+        """HBM the program needs per device while it runs: its arguments, its outputs that do
+        not reuse a donated argument's buffer, its temporaries and its code, or XLA's own peak
+        (``memory_analysis().peak_memory_in_bytes``) where that is larger."""
         m = self.memory
         if not m:
             return 0
-        return m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
+        summed = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
+        return max(summed, m.get("peak", 0))
 
     @property
     def hbm_bytes(self) -> int:
-        """The chip's HBM capacity."""
-        return self.target.chip.hbm_bytes
+        """The HBM a program may use on one device: libtpu's usable figure (the datasheet's
+        capacity less what libtpu keeps for itself; ``targets.Chip.usable_hbm_bytes``)."""
+        return self.target.chip.usable_hbm_bytes
 
     @property
     def fits(self) -> bool:
-        """Whether :attr:`peak_bytes` fits in one chip's HBM (and the compile succeeded)."""
+        """Whether :attr:`peak_bytes` fits in one device's usable HBM (and it compiled)."""
         return self.compiled and self.peak_bytes <= self.hbm_bytes
 
     @property
@@ -143,15 +162,84 @@ class Program:
         return self.bytes_accessed / self.target.chip.hbm_bytes_per_s
 
     @property
+    def comm_seconds(self) -> float:
+        """The program's collectives at the chip's ICI bandwidth (DCN between slices), one
+        after another (:class:`Comm`)."""
+        return sum(c.seconds for c in self.comms)
+
+    @property
     def roofline_seconds(self) -> float:
-        """A lower bound on the program's time: the larger of :attr:`compute_seconds` and
-        :attr:`memory_seconds` (the chip's datasheet roofline)."""
-        return max(self.compute_seconds, self.memory_seconds)
+        """A lower bound on the program's time: the largest of :attr:`compute_seconds`,
+        :attr:`memory_seconds` and :attr:`comm_seconds`. Overlap model: XLA's TPU scheduler
+        runs collectives asynchronously beside compute and HBM traffic, so at best they hide
+        each other completely and the slowest of the three sets the time."""
+        return max(self.compute_seconds, self.memory_seconds, self.comm_seconds)
 
     @property
     def bound(self) -> str:
-        """``"compute"`` or ``"memory"``: which side of the roofline the program is on."""
-        return "compute" if self.compute_seconds >= self.memory_seconds else "memory"
+        """``"compute"``, ``"memory"`` or ``"ICI"`` (``"DCN"`` when the collectives between
+        slices dominate): which side of the roofline the program is on."""
+        sides = {"compute": self.compute_seconds, "memory": self.memory_seconds}
+        if self.comms:
+            dcn = sum(c.seconds for c in self.comms if c.link == "DCN")
+            sides["DCN" if dcn > self.comm_seconds / 2 else "ICI"] = self.comm_seconds
+        return max(sides, key=sides.get)
+
+
+@dataclasses.dataclass
+class Comm:
+    """One collective of a program, placed on the mesh and timed.
+
+    Attributes:
+        op: the collective as the optimized HLO has it (``hlo.Collective``: kind, bytes).
+        axes: the mesh axes its group spans (``"data"``, ``"data,model"``), ``"?"`` when the
+            group matches no set of axes.
+        link: ``"ICI"``, or ``"DCN"`` when its group spans slices.
+        seconds: ring model: :meth:`hlo.Collective.ring_bytes` over the link's bidirectional
+            bandwidth per device (all of a chip's ICI links at once: a lower bound).
+    """
+
+    op: hlo.Collective
+    axes: str
+    link: str
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """A tensor input of a program: ``key`` identifies the torch tensor across the programs of
+    a step; ``kind``: ``parameter``, ``state`` (updated in place: optimizer state, a KV cache,
+    buffers) or ``other``; ``bytes``: its bytes on one device (its shard)."""
+
+    key: int
+    kind: str
+    bytes: int
+
+
+def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
+    """Name each collective's mesh axes and link, and time it (:class:`Comm`)."""
+    chip = target.chip
+    flat = list(mesh.devices.flat) if mesh is not None else list(target.devices[:1])
+    shape = mesh.devices.shape if mesh is not None else (1,)
+    names = mesh.axis_names if mesh is not None else ("-",)
+    comms = []
+    for op in ops:
+        if op.kind == hlo.DCN_TRANSFER:
+            seconds = op.ring_bytes() / (chip.dcn_bytes_per_s or chip.ici_bytes_per_s)
+            comms.append(Comm(op, "slices", "DCN", seconds))
+            continue
+        group = [i for i in op.group if i < len(flat)]
+        axes = "?"
+        if group:
+            coords = np.array(np.unravel_index(group, shape))
+            varying = [names[d] for d in range(len(shape)) if len(set(coords[d])) > 1]
+            axes = ",".join(varying) or "-"
+        slices = {getattr(flat[i], "slice_index", 0) or 0 for i in group}
+        link = "DCN" if len(slices) > 1 else "ICI"
+        bandwidth = chip.dcn_bytes_per_s if link == "DCN" else chip.ici_bytes_per_s
+        seconds = op.ring_bytes() / (bandwidth or chip.ici_bytes_per_s)
+        comms.append(Comm(op, axes, link, seconds))
+    return comms
 
 
 def record(
@@ -169,6 +257,8 @@ def record(
     jaxpr,
     seconds: float,
     donated: list,
+    mesh=None,
+    values: list | None = None,
 ) -> Program:
     """Describe one compiled (or refused) program and add it to :data:`PROGRAMS`."""
     program = Program(
@@ -185,9 +275,12 @@ def record(
         compile_seconds=seconds,
         out_info=tuple(jax.tree_util.tree_leaves(out_info, is_leaf=lambda x: x is None)),
         matmul_flops=hlo.matmul_flops(jaxpr),
+        values=list(values or ()),
     )
     if compiled is not None:
         _describe(program, compiled)
+        ops = hlo.collectives(program.hlo_text, target.num_devices)
+        program.comms = place_collectives(ops, target, mesh)
     with _lock:
         PROGRAMS.append(program)
     return program
@@ -206,6 +299,7 @@ def _describe(program: Program, compiled) -> None:
             "temp": mem.temp_size_in_bytes,
             "alias": mem.alias_size_in_bytes,
             "code": mem.generated_code_size_in_bytes,
+            "peak": getattr(mem, "peak_memory_in_bytes", 0) or 0,
         }
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older jax: one dict per computation
@@ -231,4 +325,13 @@ def clear() -> None:
         PROGRAMS.clear()
 
 
-__all__ = ["PROGRAMS", "Program", "TargetCompileError", "clear", "record", "role_of"]
+__all__ = [
+    "PROGRAMS",
+    "Comm",
+    "Program",
+    "Value",
+    "TargetCompileError",
+    "clear",
+    "record",
+    "role_of",
+]

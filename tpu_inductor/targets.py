@@ -32,25 +32,36 @@ GiB = 1024**3
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One TPU chip's datasheet figures (per chip, both TensorCores where there are two).
+    """One TPU device's datasheet figures: a chip's (both TensorCores where a megacore device
+    joins two), or half a chip's where the chip is two devices (TPU7x).
 
     Attributes:
         generation: ``"v5e"``, ...; ``device_kind``: what JAX calls its devices.
-        hbm_bytes: HBM capacity; ``hbm_bytes_per_s``: HBM bandwidth.
+        hbm_bytes: HBM capacity (the datasheet's); ``usable_hbm_bytes``: what libtpu's
+            compiler lets a program use (measured: the capacity it states when a program does
+            not fit, libtpu 0.0.42.1); ``hbm_bytes_per_s``: HBM bandwidth.
         bf16_flops / int8_ops: peak dense matmul rate per second.
-        cores: TensorCores per chip (v4 and v5p: two, joined as one "megacore" device).
+        ici_bytes_per_s: bidirectional inter-chip interconnect (ICI) bandwidth (all links).
+        dcn_bytes_per_s: data-center network bandwidth (between slices), ``None`` where the
+            cited page gives none.
+        cores: TensorCores per device (v4 and v5p: two, joined as one "megacore" device).
+        devices_per_chip: JAX devices per chip (TPU7x: 2, one per chiplet).
         source: where the figures come from.
     """
 
     generation: str
     device_kind: str
     hbm_bytes: int
+    usable_hbm_bytes: int
     hbm_bytes_per_s: float
     bf16_flops: float
     int8_ops: float | None
+    ici_bytes_per_s: float
+    dcn_bytes_per_s: float | None
     cores: int
-    dims: int  # the topology's grid rank: 2 (v5e, v6e) or 3 (v4, v5p)
+    dims: int  # the topology's grid rank: 2 (v5e, v6e) or 3 (v4, v5p, TPU7x)
     source: str
+    devices_per_chip: int = 1
 
     def peak_flops(self, dtype: str, precision: str = "default") -> float:
         """Peak matmul FLOP/s for operands of ``dtype`` at XLA ``precision``.
@@ -66,31 +77,50 @@ class Chip:
         return self.bf16_flops
 
 
-# Figures per chip from the Cloud TPU system architecture pages, cross-checked against JAX's own
-# table (jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2).
+_TPU7X = "https://docs.cloud.google.com/tpu/docs/tpu7x"
+# Figures per chip from Google's Cloud TPU pages (the TPU7x page's table compares v5p, v6e and
+# TPU7x), cross-checked against JAX's own table (jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2).
+# Usable HBM: libtpu 0.0.42.1's "exceeds available HBM (15.75G)" for a program too big, per
+# generation (a 4 GiB broadcast compiled for one device of each; G = GiB).
 CHIPS: dict[str, Chip] = {
     "v4": Chip(
-        "v4", "TPU v4", 32 * GiB, 1.2e12, 275e12, None, 2, 3,
-        "https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s)",
+        "v4", "TPU v4", 32 * GiB, int(30.75 * GiB), 1.2e12, 275e12, None, 300e9, None, 2, 3,
+        "https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s); "
+        "ICI: 6 links of ~50 GB/s, not on Google's page (yobitel.com/knowledge-base/tpu-v4)",
     ),
     "v5e": Chip(
-        "v5e", "TPU v5 lite", 16 * GiB, 819e9, 197e12, 394e12, 1, 2,
-        "https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 394 TOP/s int8, "
-        "16 GiB HBM2 at 819 GB/s)",
+        "v5e", "TPU v5 lite", 16 * GiB, int(15.75 * GiB), 819e9, 197e12, 394e12, 400e9,
+        6.4e12 / 8 / 256, 1, 2,
+        "https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 394 TOP/s int8, 16 GiB HBM2 "
+        "at 819 GB/s, ICI 400 GB/s bidirectional, DCN 6.4 Tbps per 256-chip pod)",
     ),
     "v5p": Chip(
-        "v5p", "TPU v5", 95 * GiB, 2.765e12, 459e12, 918e12, 2, 3,
-        "https://cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 918 TOP/s int8, "
-        "95 GiB HBM2e at 2,765 GB/s)",
+        "v5p", "TPU v5", 95 * GiB, int(95.74 * GiB), 2.765e12, 459e12, 918e12, 1200e9, 50e9 / 8,
+        2, 3,
+        f"{_TPU7X} (v5p column: 459 TFLOP/s bf16, 95 GiB HBM at 2,765 GB/s, ICI 1,200 GB/s "
+        "bidirectional, DCN 50 Gb/s per chip); 918 TOP/s int8: https://cloud.google.com/tpu/docs/v5p",
     ),
     "v6e": Chip(
-        "v6e", "TPU v6 lite", 32 * GiB, 1.64e12, 918e12, 1836e12, 1, 2,
-        "https://cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 1,836 TOP/s int8, "
-        "32 GiB HBM at 1,640 GB/s)",
+        "v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB), 1.638e12, 918e12, 1836e12, 800e9,
+        100e9 / 8, 1, 2,
+        f"{_TPU7X} (v6e column: 918 TFLOP/s bf16, 32 GiB HBM at 1,638 GB/s, ICI 800 GB/s "
+        "bidirectional, DCN 100 Gb/s per chip); 1,836 TOP/s int8: https://cloud.google.com/tpu/docs/v6e",
+    ),
+    # two devices per chip (one per chiplet, as JAX and libtpu expose them): per-device figures
+    # are half the chip's
+    "tpu7x": Chip(
+        "tpu7x", "TPU7x", 96 * GiB, int(94.75 * GiB), 7.38e12 / 2, 2307e12 / 2, None, 1200e9 / 2,
+        100e9 / 8 / 2, 1, 3,
+        f"{_TPU7X} (per chip: 2,307 TFLOP/s bf16, 4,614 fp8, 192 GiB HBM at 7,380 GB/s, ICI "
+        "1,200 GB/s bidirectional, DCN 100 Gb/s; two devices per chip, each given half)",
+        devices_per_chip=2,
     ),
 }  # fmt: skip
-_ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e"}
-_CORE_COUNTED = ("v4", "v5p")  # Cloud accelerator types count TensorCores for these
+_ALIASES = {
+    "v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e",
+    "v7": "tpu7x", "7x": "tpu7x", "v7x": "tpu7x", "ironwood": "tpu7x",
+}  # fmt: skip
+_CORE_COUNTED = ("v4", "v5p", "tpu7x")  # Cloud accelerator types count TensorCores for these
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -98,27 +128,43 @@ class Target:
     """A TPU topology to compile for (see :func:`tpu_target`).
 
     Attributes:
-        name: the name as given; ``topology``: JAX's form (``"v5e:2x2"``).
-        chip: the chip's datasheet figures.
-        devices: the topology's compile-only devices, one per chip.
+        name: the name as given; ``topology``: JAX's form (``"v5e:2x2"``; ``"v5e:2x2 x2
+            slices"`` for several slices).
+        chip: the figures of one device (a chip, or half of a TPU7x chip).
+        devices: the topology's compile-only devices, one per chip (two per TPU7x chip),
+            slice by slice.
+        slices: how many slices (joined by the data-center network, DCN).
     """
 
     name: str
     topology: str
     chip: Chip
     devices: tuple
+    slices: int = 1
+
+    @property
+    def num_devices(self) -> int:
+        """How many JAX devices the topology has (a mesh is over these)."""
+        return len(self.devices)
 
     @property
     def num_chips(self) -> int:
         """How many chips the topology has."""
-        return len(self.devices)
+        return len(self.devices) // self.chip.devices_per_chip
+
+    def slice_of(self, device_id: int) -> int:
+        """Which slice the device with this id is in (0 for a single slice)."""
+        for d in self.devices:
+            if d.id == device_id:
+                return int(getattr(d, "slice_index", 0) or 0)
+        return 0
 
     def mesh(self, axes: Mapping[str, int] | Sequence[str] = ("data",)):
-        """A ``jax.sharding.Mesh`` over this topology's chips, for ``options["mesh"]``.
+        """A ``jax.sharding.Mesh`` over this topology's devices, for ``options["mesh"]``.
 
         Args:
             axes: axis names to sizes (``{"data": 2, "model": 2}``; their product must be the
-                chip count), or names only: the first takes every chip, the rest size 1.
+                device count), or names only: the first takes every device, the rest size 1.
 
         Example:
             >>> t = tpu_inductor.tpu_target("v5e:2x2")
@@ -127,31 +173,39 @@ class Target:
         import numpy as np
         from jax.sharding import AxisType, Mesh
 
+        n = self.num_devices
         if not isinstance(axes, Mapping):
             names = tuple(axes)
-            axes = {n: (self.num_chips if i == 0 else 1) for i, n in enumerate(names)}
+            axes = {a: (n if i == 0 else 1) for i, a in enumerate(names)}
         sizes = tuple(int(s) for s in axes.values())
-        if math.prod(sizes) != self.num_chips:
+        if math.prod(sizes) != n:
             raise InvalidOptionError(
-                f"mesh axes {dict(axes)} hold {math.prod(sizes)} chips but {self.name} has "
-                f"{self.num_chips}; make the sizes multiply to {self.num_chips}"
+                f"mesh axes {dict(axes)} hold {math.prod(sizes)} devices but {self.name} has "
+                f"{n}; make the sizes multiply to {n}"
             )
         devices = np.array(self.devices, dtype=object).reshape(sizes)
         return Mesh(devices, tuple(axes), axis_types=(AxisType.Auto,) * len(sizes))
 
     def __repr__(self) -> str:
-        return f"Target({self.topology!r}, {self.num_chips} x {self.chip.device_kind})"
+        per = f", {self.num_devices} devices" if self.chip.devices_per_chip > 1 else ""
+        return f"Target({self.topology!r}, {self.num_chips} x {self.chip.device_kind}{per})"
 
 
-def tpu_target(name: str) -> Target:
+_SLICES = re.compile(r"\s*(?:x|\*)\s*(\d+)\s*slices?$")
+
+
+def tpu_target(name: str, slices: int | None = None) -> Target:
     """The TPU topology ``name``, compile-only: nothing here needs a TPU (only libtpu).
 
     The same name gives the same :class:`Target` (and the same device objects), so a mesh made
     with :meth:`Target.mesh` matches ``options={"target": name}``.
 
     Args:
-        name: ``"v5e:2x2"`` (JAX's form), ``"v5e"`` (one chip) or a Cloud TPU accelerator type
-            (``"v5e-8"``, ``"v5litepod-4"``, ``"v4-8"``, ``"v5p-8"``, ``"v6e-1"``).
+        name: ``"v5e:2x2"`` (JAX's form), ``"v5e"`` (one chip), a Cloud TPU accelerator type
+            (``"v5e-8"``, ``"v5litepod-4"``, ``"v4-8"``, ``"v5p-8"``, ``"v6e-1"``,
+            ``"tpu7x-8"``), each optionally followed by ``"x2slices"`` for several slices
+            joined by the data-center network (``"v5e:2x2x2slices"``).
+        slices: the number of slices, instead of the name's suffix.
 
     Raises:
         InvalidOptionError: for a name that is not a known generation or grid, or when libtpu
@@ -163,8 +217,22 @@ def tpu_target(name: str) -> Target:
     """
     if not isinstance(name, str):
         raise InvalidOptionError(f"a TPU target is a name like 'v5e:2x2', got {name!r}")
-    generation, grid = parse_name(name)
-    return _target(name, generation, grid)
+    base, named_slices = split_slices(name)
+    if slices is not None and named_slices not in (1, slices):
+        raise InvalidOptionError(f"TPU target {name!r} names {named_slices} slices, not {slices}")
+    generation, grid = parse_name(base)
+    return _target(name, generation, grid, slices or named_slices)
+
+
+def split_slices(name: str) -> tuple[str, int]:
+    """``("v5e:2x2", 2)`` for ``"v5e:2x2x2slices"``; ``(name, 1)`` without the suffix."""
+    m = _SLICES.search(name.strip().lower())
+    if m is None:
+        return name, 1
+    count = int(m.group(1))
+    if count < 1:
+        raise InvalidOptionError(f"TPU target {name!r}: at least one slice")
+    return name.strip()[: m.start()], count
 
 
 def parse_name(name: str) -> tuple[str, tuple[int, ...]]:
@@ -192,9 +260,10 @@ def parse_name(name: str) -> tuple[str, tuple[int, ...]]:
                 f"'{gen}:{'x'.join(['2'] * 2 + ['1'] * (chip.dims - 2))}'"
             )
         return gen, grid
-    count = int(m.group(3)) if m.group(3) else (chip.cores if gen in _CORE_COUNTED else 1)
-    chips = count // chip.cores if gen in _CORE_COUNTED else count
-    if chips < 1 or (gen in _CORE_COUNTED and count % chip.cores):
+    cores = chip.cores * chip.devices_per_chip  # TensorCores per chip
+    count = int(m.group(3)) if m.group(3) else (cores if gen in _CORE_COUNTED else 1)
+    chips = count // cores if gen in _CORE_COUNTED else count
+    if chips < 1 or (gen in _CORE_COUNTED and count % cores):
         unit = "TensorCores (2 per chip)" if gen in _CORE_COUNTED else "chips"
         raise InvalidOptionError(f"TPU target {name!r}: the count is {unit}, got {count}")
     return gen, _grid(chips, chip.dims, name)
@@ -216,9 +285,12 @@ def _grid(chips: int, dims: int, name: str) -> tuple[int, ...]:
 
 
 @functools.cache
-def _target(name: str, generation: str, grid: tuple[int, ...]) -> Target:
+def _target(name: str, generation: str, grid: tuple[int, ...], slices: int = 1) -> Target:
     topology = f"{generation}:{'x'.join(map(str, grid))}"
-    return Target(name, topology, CHIPS[generation], _devices(generation, grid))
+    if slices > 1:
+        topology += f" x{slices} slices"
+    devices = _devices(generation, grid, slices)
+    return Target(name, topology, CHIPS[generation], devices, slices)
 
 
 # libtpu looks for the TPU it runs on when it first loads; on a machine without one it prints
@@ -253,8 +325,9 @@ def _no_tpu_here():
 
 
 @functools.cache
-def _devices(generation: str, grid: tuple[int, ...]) -> tuple:
-    """The compile-only devices of a topology (one per chip; v4/v5p as megacore devices)."""
+def _devices(generation: str, grid: tuple[int, ...], slices: int = 1) -> tuple:
+    """The compile-only devices of a topology (one per chip; v4/v5p as megacore devices; two
+    per TPU7x chip), ``slices`` copies of it (libtpu's ``num_slices``)."""
     import importlib.util
 
     from jax.experimental import topologies
@@ -265,6 +338,8 @@ def _devices(generation: str, grid: tuple[int, ...]) -> tuple:
             "environment lacks: pip install 'tpu-inductor[tpu]' (it adds ~700 MB; no TPU needed)"
         )
     kwargs = {"chip_config_name": "megacore" if CHIPS[generation].cores > 1 else "default"}
+    if slices > 1:
+        kwargs["num_slices"] = slices
     # libtpu assumes hosts of 2x2x1 chips; a smaller slice is one host of its own size
     padded = grid + (1,) * (3 - len(grid))
     bounds = [min(g, h) for g, h in zip(padded, (2, 2, 1), strict=True)]

@@ -27,6 +27,7 @@ Dynamo compiles as a separate program (a warning says so once).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
@@ -35,6 +36,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from tpu_inductor.backend import meta_fakes_as_cpu
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +88,18 @@ def compile_step(
             )
         _check_supported(opt)
     compiled = torch.compile(fn, backend="tpu", options=options, **compile_kwargs)
+    compile_only = _targets(options)
 
     @functools.wraps(fn)
     def step(*args, **kwargs):
+        # compiling for a TPU target: a meta model is traced as the CPU model it stands for,
+        # by Dynamo too, or its backward would not be traced (backend.meta_fakes_as_cpu)
+        meta = meta_fakes_as_cpu() if compile_only else contextlib.nullcontext()
         with (
             torch._dynamo.config.patch(trace_autograd_ops=True),
             _traceable(optimizers),
             _deterministic_attention_recompute(),
+            meta,
         ):
             return compiled(*args, **kwargs)
 
@@ -154,6 +162,13 @@ def _has_recomputable_rng_ops(gm) -> bool:
                 continue
         return True
     return False
+
+
+def _targets(options: dict[str, Any] | None) -> bool:
+    """Whether these options compile for a TPU target (the option or TPU_INDUCTOR_TARGET)."""
+    from tpu_inductor.config import parse_options
+
+    return parse_options(options).target is not None
 
 
 def _check_supported(opt: torch.optim.Optimizer) -> None:

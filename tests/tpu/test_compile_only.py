@@ -119,6 +119,10 @@ def test_a_model_too_big_for_the_chip_says_by_how_much():
     assert re.search(r"graph\d+-forward#0 \(forward\): does not fit: the program needs", message)
     assert "chip has 15.75 GiB usable" in message and "GiB over" in message
     assert "shard it over more chips" in message
+    # one figure for usable HBM, in the header and the error; binary units only
+    text = str(report)
+    assert "15.75 GiB HBM usable by a program (of 16.00 GiB)" in text
+    assert not re.search(r"\d (MB|GB)\b", text.replace("GB/s", "")), text
 
 
 def test_an_op_the_tpu_cannot_compile_is_named_with_its_line():
@@ -151,3 +155,16 @@ def test_float64_is_refused_for_a_tpu_target_with_its_line():
     f = torch.compile(lambda x: x * 2, backend="tpu", options={"target": "v5e"})
     with pytest.raises(tpu_inductor.UnsupportedDtypeError, match="float64"):
         f(torch.randn(3, dtype=torch.float64))
+
+
+def test_float64_parameters_are_named_by_module_path():
+    """Not ``primals_1`` "made by torch's tracing": the parameter's own name."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    model[2].double()
+    cm = torch.compile(model.double(), backend="tpu", options={"target": "v5e"})
+    with pytest.raises(tpu_inductor.UnsupportedDtypeError) as info:
+        cm(torch.randn(2, 4, dtype=torch.float64))
+    message = str(info.value)
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert f"  - {name}: float64[" in message, message
+    assert "primals_" not in message and "model.float()" in message

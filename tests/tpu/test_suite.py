@@ -181,6 +181,18 @@ def test_sharding_plans_compile_on_a_slice(target):
         assert [p.role for p in report.programs] == ["forward", "backward", "optimizer"], plan
         assert all(p.compiled and p.chips == 4 for p in report.programs), plan
         per_chip[plan] = report.programs[2].memory["argument"]
+        # the collectives each plan must have, on the mesh axes it shards, in the roofline
+        comms = {(c.op.kind, c.axes) for p in report.programs[:2] for c in p.comms}
+        expected = {
+            "dp": ("all-reduce", "data"),  # gradients (and the mean loss) over the batch
+            "fsdp": ("all-gather", "data"),  # each layer's weights gathered before use
+            "tp": ("all-reduce", "model"),  # row-parallel matmuls' partial sums
+        }[plan]
+        assert expected in comms, (plan, comms)
+        for p in report.programs:
+            assert p.roofline_seconds >= p.comm_seconds >= 0
+        assert report.programs[1].comm_seconds > 0, plan
+        assert "communication: the collectives of each optimized program" in str(report)
         # each chip does its share of the matmuls, not all of them
         forward = report.programs[0]
         assert forward.flops < forward.total_matmul_flops * 0.6, plan
