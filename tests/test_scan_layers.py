@@ -57,15 +57,19 @@ def _train(model, options, ids):
     return out.logits.detach(), out.loss.detach(), grads
 
 
-def _same(a, b, *, exact=False):
+def _same(a, b, *, exact=False, tight=False):
+    """Same dtypes, shapes and values: within the op tolerance of eager, to the bit
+    (``exact``) or within float32 rounding of a differently fused program (``tight``)."""
     for x, y in zip(a, b, strict=True):
         if isinstance(x, dict):
             assert x.keys() == y.keys()
-            _same(list(x.values()), list(y.values()), exact=exact)
+            _same(list(x.values()), list(y.values()), exact=exact, tight=tight)
             continue
         assert x.dtype == y.dtype and x.shape == y.shape
         if exact:
             torch.testing.assert_close(x, y, atol=0, rtol=0)
+        elif tight:
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
         else:
             torch.testing.assert_close(x, y, atol=ATOL, rtol=RTOL)
 
@@ -130,7 +134,8 @@ def test_compile_step_adamw_scans_forward_and_backward(caplog):
     assert len(_scans(caplog)) >= 2  # forward and backward of the one-program step
     for s, e, u in zip(scanned, eager, unrolled, strict=True):
         _same(s, e)
-        _same(s, u, exact=True)
+        # One program: XLA fuses the scanned step differently (differences of ~1e-7 measured).
+        _same(s, u, tight=True)
 
 
 class _Mixed(nn.Module):

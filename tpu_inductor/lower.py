@@ -456,11 +456,12 @@ def lower_graph(
                 _check_meta(node, value, bindings)
             return value
 
+        stacks: dict = {}  # scan_layers: values sliced out of a scan's stacked outputs
         for node in nodes:
             if node.op in ("placeholder", "output"):
                 continue
             if node in groups:  # the last node of a run of repeated blocks: one lax.scan
-                groups[node].run(env, run)
+                groups[node].run(env, run, stacks)
             elif node not in inside:
                 env[node] = run(node, load(node.args), {k: load(v) for k, v in node.kwargs.items()})
         outs = []

@@ -65,27 +65,59 @@ def layer_of(node: fx.Node) -> tuple[str, int] | None:
     return _OUTSIDE
 
 
-def _runs(nodes: list[fx.Node]) -> list[list[list[fx.Node]]]:
+def _labels(nodes: list[fx.Node], shared: set) -> dict:
+    """Each node's numbered module (:func:`layer_of`). The backward that ``compile_step``
+    traces (``autograd.grad`` inside the graph: nodes marked ``autograd_backward``) carries no
+    module path; its nodes take the layer of the forward values they read (a shared value
+    excepted), else of the backward values they read when those agree (the open block's
+    when it is one of them), so each layer's
+    gradient ops line up as a block as they do in AOTAutograd's own backward graph."""
+    labels: dict = {}
+    current = None
+    for n in nodes:
+        lab = layer_of(n)
+        if lab is None and n.meta.get("autograd_backward"):
+            fwd, bwd = set(), set()
+            for a in n.all_input_nodes:
+                if a in shared:
+                    continue
+                if a.meta.get("autograd_backward"):
+                    bwd.add(labels.get(a))
+                else:
+                    fwd.add(layer_of(a))
+            layers = [{x for x in fwd if x not in (None, _OUTSIDE)}, bwd - {None, _OUTSIDE}]
+            if current in layers[0] | layers[1]:
+                lab = current  # a node between two layers stays in the open block
+            else:
+                lab = next((ls.pop() for ls in layers if len(ls) == 1), None)
+            if lab is None and not any(layers) and _OUTSIDE in fwd | bwd:
+                lab = _OUTSIDE
+        labels[n] = lab
+        if lab is not None and n not in shared:
+            current = lab
+    return labels
+
+
+def _runs(nodes: list[fx.Node], shared: set, labels: dict) -> list[list[list[fx.Node]]]:
     """Runs of consecutive blocks of one numbered module list (each block a list of nodes)."""
     runs: list[list[list[fx.Node]]] = []
     run: list[list[fx.Node]] | None = None
-    labels: list[tuple[str, int]] = []
+    seen: list[tuple[str, int]] = []
 
     def close():
         nonlocal run
         if run is not None and len(run) >= 2:
             runs.append(run)
         run = None
-        labels.clear()
+        seen.clear()
 
-    shared = _shared(nodes)
     for n in nodes:
         if n in shared:
             continue
         if n.op not in ("call_function", "get_attr"):
             close()
             continue
-        lab = layer_of(n)
+        lab = labels[n]
         if lab is None:  # no module path: AOTAutograd's own op, part of the open block
             if run is not None:
                 run[-1].append(n)
@@ -93,14 +125,14 @@ def _runs(nodes: list[fx.Node]) -> list[list[list[fx.Node]]]:
         if lab == _OUTSIDE:
             close()
             continue
-        if run is not None and lab == labels[-1]:
+        if run is not None and lab == seen[-1]:
             run[-1].append(n)
-        elif run is not None and lab[0] == labels[-1][0] and lab not in labels:
+        elif run is not None and lab[0] == seen[-1][0] and lab not in seen:
             run.append([n])
-            labels.append(lab)
+            seen.append(lab)
         else:
             close()
-            run, labels[:] = [[n]], [lab]
+            run, seen[:] = [[n]], [lab]
     close()
     return runs
 
@@ -213,13 +245,16 @@ class ScanGroup:
     needed: set
     nodes: set = dataclasses.field(default_factory=set)
 
-    def run(self, env: dict, run_node) -> None:
+    def run(self, env: dict, run_node, stacks: dict) -> None:
         """Lower the run as one ``lax.scan``, putting each value used after it into ``env``.
 
-        ``run_node(node, args, kwargs)`` lowers one node (lower.py's dispatch)."""
+        ``run_node(node, args, kwargs)`` lowers one node (lower.py's dispatch). ``stacks``
+        (one per trace) maps each value an earlier scan sliced out of its ``ys`` to the stacked
+        array and index, so a later scan that reads them all (the backward reading the
+        forward's saved activations) takes the stacked array instead of stacking copies."""
         template = self.blocks[0]
         tpos = {n: i for i, n in enumerate(template)}
-        xs = tuple(jnp.stack([env[n] for n in nodes]) for nodes in self.xs)
+        xs = tuple(_stacked([env[n] for n in nodes], stacks) for nodes in self.xs)
         init = tuple(env[node] for _, node in self.carry)
 
         def body(carry, x):
@@ -245,10 +280,26 @@ class ScanGroup:
             for i, block in enumerate(self.blocks):
                 if block[p] in self.needed:
                     env[block[p]] = ys[k][i]
+                    stacks[id(env[block[p]])] = (ys[k], i, env[block[p]])
         for k, (p, _) in enumerate(self.carry):
             last = self.blocks[-1][p]
             if last in self.needed and last not in env:
                 env[last] = final[k]
+
+
+def _stacked(values: list, stacks: dict):
+    """``jnp.stack(values)``, or the array they were sliced from (in order, or reversed: the
+    backward runs the layers last to first) when an earlier scan made them."""
+    found = [stacks.get(id(v)) for v in values]
+    if all(f is not None and f[2] is v for f, v in zip(found, values, strict=True)):
+        whole = found[0][0]
+        index = [f[1] for f in found]
+        if all(f[0] is whole for f in found) and len(values) == whole.shape[0]:
+            if index == list(range(len(values))):
+                return whole
+            if index == list(range(len(values)))[::-1]:
+                return jnp.flip(whole, 0)
+    return jnp.stack(values)
 
 
 def _analyze(name, blocks, keep, gm_attrs) -> ScanGroup | str:
@@ -348,8 +399,10 @@ def plan_scans(
         return getattr(gm, target)
 
     groups: dict[fx.Node, ScanGroup] = {}
-    for run in _runs(nodes):
-        name = f"{layer_of(run[0][0])[0]}.{layer_of(run[0][0])[1]}.."
+    shared = _shared(nodes)
+    labels = _labels(nodes, shared)
+    for run in _runs(nodes, shared, labels):
+        name = "{}.{}..".format(*labels[run[0][0]])
         s = 0
         while s < len(run) - 1:
             members, j = [run[s]], s + 1
@@ -357,11 +410,17 @@ def plan_scans(
                 log.debug("scan_layers: %s stays unrolled (a random, in-place or size op)", name)
                 s += 1
                 continue
+            extra = len(run[s]) - len(run[s + 1])
+            if extra > 0:  # ops of the model's tail at the start of the backward's first block
+                head = run[s][extra:]
+                if _describe(head, None, gm_attrs)[0] == _describe(run[s + 1], head, gm_attrs)[0]:
+                    run[s] = head
+            members = [run[s]]
             tmpl = _describe(run[s], None, gm_attrs)[0]
             while j < len(run):
                 cand = run[j]
                 cut = len(cand) > len(run[s])
-                if cut and all(layer_of(n) is None for n in cand[len(run[s]) :]):
+                if cut and all(labels[n] is None for n in cand[len(run[s]) :]):
                     cand = cand[: len(run[s])]  # AOTAutograd's ops after the run's last block
                 else:
                     cut = False
