@@ -1,11 +1,13 @@
 """Compile time and bytes of a Llama training step, unrolled vs ``scan_layers``, by depth.
 
-``python -m benchmarks.scan_layers [--hidden 64] [--layers 4 32] [--target v5e:1]``
+``python -m benchmarks.scan_layers [--mode step|train] [--hidden 64] [--layers 4 32]
+[--target v5e]``
 
 A transformers Llama (hidden ``H``, intermediate ``2H``, 4 heads, 2 KV heads, vocab 128), batch
-2 x 8, AdamW; ``compile_step``'s one program per step (forward, backward, update), compiled
-after one eager step so the optimizer state exists (the program compiled is the steady-state
-one). Per depth and variant:
+2 x 8, AdamW, one eager step first so the optimizer state exists. ``--mode step``:
+``compile_step``'s one program (forward, backward, update; the steady-state one); ``--mode
+train``: ``torch.compile(model)`` forward + ``loss.backward()`` (two programs, summed). Per
+depth and variant:
 
 - ``compile_s``: jax trace + lower + XLA compile of that program on this machine's CPU
   (``Executables.builds[-1].seconds``); ``first_call_s``: the whole first call (Dynamo,
@@ -13,7 +15,8 @@ one). Per depth and variant:
 - ``bytes_accessed``: XLA's ``cost_analysis()["bytes accessed"]`` of the compiled program;
   ``peak_bytes``: ``memory_analysis()``: arguments + outputs + temporaries (CPU reports no
   ``peak_memory_in_bytes``), the compiler's ``peak_memory_in_bytes`` where it has one;
-- ``max_abs_diff``: of every parameter after the step, scanned vs unrolled.
+- ``max_abs_diff``: of every parameter after the step (``train``: unchanged), scanned vs
+  unrolled.
 
 With ``--target`` the same programs are also compiled for that TPU topology through libtpu
 (compile only), and its ``compile_s`` / peak are added as ``tpu_*``.
@@ -52,21 +55,37 @@ def _model(layers: int, hidden: int):
 
 
 def _figures(exes) -> dict:
+    """Compile seconds and XLA's bytes of a graph's (last) CPU executable."""
     exe = next(reversed(exes.entries.values()))
     mem = exe.memory_analysis()
     cost = exe.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     summed = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
     return {
-        "compile_s": round(exes.builds[-1].seconds, 2),
+        "compile_s": exes.builds[-1].seconds,
         "bytes_accessed": int(cost.get("bytes accessed", 0)),
         "peak_bytes": int(max(summed, getattr(mem, "peak_memory_in_bytes", 0) or 0)),
-        "temp_bytes": int(mem.temp_size_in_bytes),
     }
 
 
-def step(layers: int, hidden: int, scan: bool, target: str | None = None) -> dict:
-    """Compile (and, without ``target``, run) one steady-state step; its figures."""
+def _tpu_figures(exes) -> dict:
+    """The same figures of a graph compiled for a TPU target (``tpu_report``)."""
+    import tpu_inductor
+
+    program = [
+        p for p in tpu_inductor.tpu_report(print_table=False).programs if p.graph == exes.name
+    ]
+    p = program[-1]
+    return {
+        "compile_s": p.compile_seconds,
+        "bytes_accessed": int(p.bytes_accessed),
+        "peak_bytes": int(p.peak_bytes),
+    }
+
+
+def measure(layers: int, hidden: int, scan: bool, mode: str, target: str | None = None) -> dict:
+    """Compile (and, without ``target``, run) one step; the figures of its programs, summed
+    (``mode="train"``: forward and backward; ``"step"``: compile_step's one program)."""
     import tpu_inductor
     from tpu_inductor import cache
 
@@ -77,30 +96,35 @@ def step(layers: int, hidden: int, scan: bool, target: str | None = None) -> dic
     model(input_ids=ids, labels=ids).loss.backward()  # the optimizer state, eagerly
     opt.step()
     opt.zero_grad()
-
-    def train_step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
     options = {"scan_layers": scan}
     if target is not None:
         options["target"] = target
-    compiled = tpu_inductor.compile_step(train_step, opt, options=options)
     before = set(map(id, cache.COMPILED))
     start = time.perf_counter()
-    compiled(ids)
-    first = time.perf_counter() - start
-    new = [c for c in cache.COMPILED if id(c) not in before]
-    exes = max((c.exes for c in new), key=lambda e: sum(e.lowered.ops.values()))
-    row = {"layers": layers, "hidden": hidden, "scan": scan, "first_call_s": round(first, 2)}
-    if target is None:
-        row.update(_figures(exes))
-        row["params"] = [p.detach().clone() for p in model.parameters()]
+    if mode == "step":
+
+        def train_step(ids):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        tpu_inductor.compile_step(train_step, opt, options=options)(ids)
     else:
-        row.update({f"tpu_{k}": v for k, v in _figures(exes).items()})
+        compiled = torch.compile(model, backend="tpu", options=options)
+        compiled(input_ids=ids, labels=ids).loss.backward()
+    first = time.perf_counter() - start
+    exes = {id(c.exes): c.exes for c in cache.COMPILED if id(c) not in before}.values()
+    figures = [(_tpu_figures if target else _figures)(e) for e in exes]
+    row = {"mode": mode, "layers": layers, "hidden": hidden, "scan": scan}
+    prefix = "tpu_" if target else ""
+    for key in ("compile_s", "bytes_accessed", "peak_bytes"):
+        total = sum(f[key] for f in figures)
+        row[prefix + key] = round(total, 2) if key == "compile_s" else total
+    if target is None:
+        row["first_call_s"] = round(first, 2)
+        row["params"] = [p.detach().clone() for p in model.parameters()]
     return row
 
 
@@ -109,13 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, nargs="+", default=[4, 32])
+    parser.add_argument("--mode", choices=("step", "train"), default="step")
     parser.add_argument("--target", default=None, help="also compile for a TPU topology")
     parser.add_argument("--out", default=str(RESULTS / "scan_layers.json"))
     args = parser.parse_args(argv)
     machine = machine_info()
     rows = []
     for layers in args.layers:
-        pair = [step(layers, args.hidden, scan) for scan in (False, True)]
+        pair = [measure(layers, args.hidden, scan, args.mode) for scan in (False, True)]
         diff = max(
             (a - b).abs().max().item()
             for a, b in zip(pair[0].pop("params"), pair[1].pop("params"), strict=True)
@@ -123,26 +148,36 @@ def main(argv: list[str] | None = None) -> int:
         for r in pair:
             r["max_abs_diff"] = diff
             if args.target:
-                r.update(step(layers, args.hidden, r["scan"], args.target))
+                r.update(measure(layers, args.hidden, r["scan"], args.mode, args.target))
         rows += pair
-    head = ("layers", "scan", "compile_s", "first_call_s", "bytes_accessed", "peak_bytes")
+    head = ("mode", "layers", "scan", "compile_s", "first_call_s", "bytes_accessed", "peak_bytes")
     if args.target:
-        head += ("tpu_compile_s", "tpu_peak_bytes", "tpu_bytes_accessed")
+        head += ("tpu_compile_s", "tpu_bytes_accessed", "tpu_peak_bytes")
     print("  ".join(f"{h:>14}" for h in head))
     for r in rows:
         print("  ".join(f"{r.get(h, '')!s:>14}" for h in head))
     by = {(r["layers"], r["scan"]): r for r in rows}
     for layers in args.layers:
-        u, s = by[(layers, False)], by[(layers, True)]
         print(
-            f"{layers} layers, scan / unrolled: bytes accessed "
-            f"{s['bytes_accessed'] / u['bytes_accessed']:.2f}x, peak "
-            f"{s['peak_bytes'] / u['peak_bytes']:.2f}x, params max |diff| {u['max_abs_diff']:.1e}"
+            f"{layers} layers: parameters after the step, scan vs unrolled, max |diff| "
+            f"{by[(layers, False)]['max_abs_diff']:.1e}"
         )
     lo, hi = min(args.layers), max(args.layers)
-    for scan in (False, True):
-        ratio = by[(hi, scan)]["compile_s"] / by[(lo, scan)]["compile_s"]
-        print(f"{'scan' if scan else 'unrolled'}: {hi}-layer / {lo}-layer compile {ratio:.2f}x")
+    for prefix in ("", "tpu_") if args.target else ("",):
+        for layers in args.layers:
+            u, s = by[(layers, False)], by[(layers, True)]
+            print(
+                f"{prefix or 'cpu_'}{layers} layers, scan / unrolled: bytes accessed "
+                f"{s[prefix + 'bytes_accessed'] / u[prefix + 'bytes_accessed']:.2f}x, peak "
+                f"{s[prefix + 'peak_bytes'] / u[prefix + 'peak_bytes']:.2f}x"
+            )
+        for scan in (False, True):
+            key = prefix + "compile_s"
+            ratio = by[(hi, scan)][key] / by[(lo, scan)][key]
+            print(
+                f"{prefix or 'cpu_'}compile, {'scan' if scan else 'unrolled'}: "
+                f"{hi}-layer / {lo}-layer {ratio:.2f}x"
+            )
     write_record(args.out, "benchmarks.scan_layers", argv, machine, rows)
     return 0
 
