@@ -383,6 +383,7 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
         None if opts.plan is None else opts.plan.key(),
         opts.target,  # compile-only devices of different topologies print alike
+        opts.scan_layers,
     )
 
 
@@ -479,7 +480,11 @@ def compile_graph(
     def create():
         t0 = time.perf_counter()
         lowered = lower_graph(
-            gm, precision=precision, check_meta=opts.check_meta, platform=platform
+            gm,
+            precision=precision,
+            check_meta=opts.check_meta,
+            platform=platform,
+            scan_layers=opts.scan_layers,
         )
         name = f"graph{next(_graph_ids)}-{kind}"
         dump = dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None

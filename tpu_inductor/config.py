@@ -79,6 +79,10 @@ class Options:
             needed, no TPU): nothing runs, graphs return placeholders, and
             :func:`tpu_inductor.tpu_report` describes each program. With ``mesh``, the mesh must
             be over the target's chips (``tpu_target(name).mesh(...)``).
+        scan_layers: lower a model's repeated blocks (``model.layers.0 .. N-1``: the same ops
+            on different weights) once, as a ``jax.lax.scan`` over the stacked per-layer
+            weights, so compile time stops growing with depth (see scan_layers.py); blocks that
+            don't match stay unrolled.
     """
 
     device: str | None = None
@@ -93,6 +97,7 @@ class Options:
     mesh: Any = None
     shardings: Any = None
     target: str | None = None
+    scan_layers: bool = False
 
     @functools.cached_property
     def plan(self) -> sharding.Plan | None:
@@ -115,6 +120,7 @@ _ENV = {
     "pad_to": "TPU_INDUCTOR_PAD_TO",
     "transfers": "TPU_INDUCTOR_TRANSFERS",
     "target": "TPU_INDUCTOR_TARGET",
+    "scan_layers": "TPU_INDUCTOR_SCAN_LAYERS",
 }
 
 _CHOICES = {

@@ -315,7 +315,12 @@ def _check_meta(node: fx.Node, value, bindings: dict | None) -> None:
 
 
 def lower_graph(
-    gm: fx.GraphModule, *, precision: str, check_meta: bool = False, platform: str | None = None
+    gm: fx.GraphModule,
+    *,
+    precision: str,
+    check_meta: bool = False,
+    platform: str | None = None,
+    scan_layers: bool = False,
 ) -> LoweredGraph:
     """Translate an ATen FX graph into a pure JAX function.
 
@@ -325,6 +330,8 @@ def lower_graph(
         check_meta: compare every lowered value with ``node.meta["val"]`` while tracing.
         platform: the device kind it compiles for (``LoweringContext.platform``; a registered
             Pallas kernel reads it through ``tpu_inductor.pallas_interpret``).
+        scan_layers: lower runs of isomorphic repeated blocks once, as a ``lax.scan``
+            (:mod:`tpu_inductor.scan_layers`); what doesn't match stays unrolled.
 
     Returns:
         A :class:`LoweredGraph`.
@@ -372,6 +379,17 @@ def lower_graph(
                 view, jax_precision, tuple(_meta_of(a) for a in view.args), platform=platform
             )
 
+    groups = {}
+    if scan_layers:
+        from tpu_inductor.scan_layers import plan_scans
+
+        unscannable = {n for n in nodes if n.op == "call_function" and not _scannable(n)}
+        keep = {n for n in computed + extra if isinstance(n, fx.Node)}
+        groups = plan_scans(
+            nodes, keep=keep, unscannable=unscannable | host_eval, dynamic=dynamic, gm=gm
+        )
+    inside = {n for g in groups.values() for n in g.nodes}
+
     def fn(seed, *inputs):
         env: dict[fx.Node, Any] = {}
         input_ids = set()
@@ -391,20 +409,15 @@ def lower_graph(
         def load(a):
             return map_arg(a, env.__getitem__)
 
-        for node in nodes:
-            if node.op in ("placeholder", "output"):
-                continue
+        def run(node, args, kwargs):
+            """The value of one node, given its arguments' values."""
             if node.op == "get_attr":
-                env[node] = _constant(getattr(gm, node.target))
-                continue
-            args, kwargs = load(node.args), {k: load(v) for k, v in node.kwargs.items()}
+                return _constant(getattr(gm, node.target))
             if node.target in PYTHON_OPS:
-                env[node] = PYTHON_OPS[node.target](*args, **kwargs)
-                continue
+                return PYTHON_OPS[node.target](*args, **kwargs)
             if node.target is COPY_:  # an in-graph input mutation: its value is returned
                 dst, src = args[0], args[1]
-                env[node] = jnp.broadcast_to(src.astype(dst.dtype), dst.shape)
-                continue
+                return jnp.broadcast_to(src.astype(dst.dtype), dst.shape)
             ctx = contexts[node]
             if has_rng:
                 ctx.make_key = draw
@@ -441,7 +454,16 @@ def lower_graph(
                 ) from e
             if check_meta:
                 _check_meta(node, value, bindings)
-            env[node] = value
+            return value
+
+        stacks: dict = {}  # scan_layers: values sliced out of a scan's stacked outputs
+        for node in nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            if node in groups:  # the last node of a run of repeated blocks: one lax.scan
+                groups[node].run(env, run, stacks)
+            elif node not in inside:
+                env[node] = run(node, load(node.args), {k: load(v) for k, v in node.kwargs.items()})
         outs = []
         seen = set(input_ids)
         for out in [env[n] if isinstance(n, fx.Node) else n for n in computed + extra]:
@@ -566,6 +588,17 @@ def _is_random(target) -> bool:
         return True
     low = LOWERINGS.get(target)
     return low is not None and low.random
+
+
+def _scannable(node: fx.Node) -> bool:
+    """Whether a node may be lowered inside a ``lax.scan`` body (scan_layers.py): no random
+    draw (each layer's draw number differs), no in-place input update, no effect token or RNG
+    state wrapper, no Python-level (symbolic size) arithmetic except taking a tuple's item."""
+    if node.target is operator.getitem:
+        return True
+    if node.target in PYTHON_OPS or node.target is COPY_ or node.target in _WRAPPERS:
+        return False
+    return not _is_random(node.target)
 
 
 def _rng_state(seed, start: int) -> jax.Array:
