@@ -417,7 +417,11 @@ def lower_graph(
             if node.op in ("placeholder", "output"):
                 continue
             if node.op == "get_attr":
-                env[node] = _constant(getattr(gm, node.target))
+                if node in host_eval:  # a constant a scalar is read from: a concrete array
+                    with jax.ensure_compile_time_eval():
+                        env[node] = _constant(getattr(gm, node.target))
+                else:
+                    env[node] = _constant(getattr(gm, node.target))
                 continue
             args, kwargs = load(node.args), {k: load(v) for k, v in node.kwargs.items()}
             if node.target in PYTHON_OPS:
