@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sympy
 import torch
 import torch.fx as fx
 from jax import lax
@@ -506,10 +507,20 @@ def lower_graph(
 
 
 def _symbolic_layout(meta: torch.Tensor) -> bool:
-    return any(
-        isinstance(d, torch.SymInt) and d.node.maybe_as_int() is None
-        for d in (*meta.shape, *meta.stride(), meta.storage_offset())
-    )
+    """Whether a value's layout is symbolic and not plainly contiguous from offset 0 (a
+    contiguous one is what a fresh output has anyway: most reshapes of a matmul's result)."""
+    layout = (*meta.shape, *meta.stride(), meta.storage_offset())
+    if not any(isinstance(d, torch.SymInt) and d.node.maybe_as_int() is None for d in layout):
+        return False
+    expr = [d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(d) for d in layout]
+    n = meta.dim()
+    shape, stride, offset = expr[:n], expr[n : 2 * n], expr[2 * n]
+    contiguous = sympy.Integer(1)
+    for d in reversed(range(n)):
+        if shape[d] != 1 and sympy.expand(stride[d] - contiguous) != 0:
+            return True
+        contiguous = contiguous * shape[d]
+    return sympy.expand(offset) != 0
 
 
 def _binding_key(bindings: dict) -> tuple:
