@@ -19,6 +19,7 @@ and arguments. Ops never tried are ``NEVER_TRIED``, each with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -216,7 +217,7 @@ def _try(node: fx.Node, args, kwargs) -> str | None:
     try:
         with torch.no_grad():
             _call(node, args, kwargs)
-    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+    except Exception as e:  # whatever eager raises is its refusal (the controls judge it)
         return str(e).strip() or type(e).__name__
     finally:
         torch.set_rng_state(state)
@@ -277,7 +278,10 @@ def _key(node: fx.Node, args, kwargs, small: bool):
             return repr(a)
         return a
 
-    return (node.op, node.target, part(args), part(kwargs))
+    autocast = tuple(
+        (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+    )
+    return (node.op, node.target, part(args), part(kwargs), autocast)
 
 
 def eager_refusal(node: fx.Node) -> str | None:
@@ -323,12 +327,25 @@ def check_graph(gm: fx.GraphModule) -> None:
     """Raise one :class:`EagerRefusalError` listing every node of a Dynamo graph that eager
     refuses for its operands' dtypes (with eager's message and the user's line)."""
     refused = []
-    for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
-        message = eager_refusal(node)
-        if message is not None:
-            refused.append((node, message))
+    with contextlib.ExitStack() as outer:
+        regions: dict[fx.Node, contextlib.ExitStack] = {}
+        for node in gm.graph.nodes:
+            if node.op != "call_function" and node.op != "call_method":
+                continue
+            name = _name(node.target)
+            if name == "_enter_autocast":  # an autocast region: tries run under it too
+                region = outer.enter_context(contextlib.ExitStack())
+                region.enter_context(torch.autocast(*fx.node.map_aggregate(node.args, _val)))
+                regions[node] = region
+                continue
+            if name == "_exit_autocast":
+                region = regions.pop(node.args[0], None) if node.args else None
+                if region is not None:
+                    region.close()
+                continue
+            message = eager_refusal(node)
+            if message is not None:
+                refused.append((node, message))
     if not refused:
         return
     lines = [

@@ -235,3 +235,22 @@ def test_stand_in_failures_refuse_nothing():
     """A try that fails whatever the dtypes (here: windows longer than the size-1 stand-ins of
     a large integer input) refuses nothing."""
     check_fn(lambda x: x.unfold(0, 3, 1).sum(-1), i64(1 << 15))
+
+
+def test_autocast_regions_are_tried_under_autocast():
+    """Mixed dtypes eager's autocast reconciles (inside the compiled region, or around the
+    call) are accepted, with eager's numbers."""
+
+    def inside(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x.bfloat16() @ w
+
+    check_fn(inside, f32(2, 4), f32(4, 3), atol=1e-2, rtol=1e-2)
+
+    def around(x, w):
+        return x.bfloat16() @ w
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check_fn(around, f32(2, 4), f32(4, 3), atol=1e-2, rtol=1e-2)
+    with pytest.raises(EagerRefusalError, match="same dtype"):  # outside autocast: refused
+        compiled(around)(f32(2, 4), f32(4, 3))
