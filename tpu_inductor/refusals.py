@@ -12,9 +12,13 @@ the same dtypes, the real shapes when small (else every size 1), ones as values.
 raises, and raises no more once the operands' dtypes are made to agree (``_controls``), eager
 refuses this program for its dtypes: :class:`~tpu_inductor.errors.EagerRefusalError` carries
 eager's own message, the op and the user's line. A try whose dtype-agreeing controls fail too
-says nothing about dtypes (a shape the stand-ins don't meet) and refuses nothing, so a
-stand-in can only miss a refusal, never invent one. Results are cached per op, dtypes, shapes
+says nothing about dtypes (a shape the stand-ins don't meet) and refuses nothing: what the
+stand-ins' shapes or values cause can only hide a refusal. Results are cached per op, dtypes, shapes
 and arguments. Ops never tried are ``NEVER_TRIED``, each with the reason.
+
+Cost, at compile time only: the 176-node Dynamo graph of a 2-layer transformers Llama (hidden
+64, training forward with labels) is checked in 32 ms the first time (10 tries) and 3 ms once
+cached (2-core CPU VM, ``time.perf_counter`` around ``check_graph``).
 """
 
 from __future__ import annotations
@@ -81,23 +85,26 @@ _IN_PLACE_OPERATORS = {
 }  # fmt: skip
 
 
-# family -> when a node may meet one of its checks. Counted in tests/test_refusals.py.
+# family -> when a node may meet one of its checks (tests/lowerings/test_refusals.py counts
+# refused programs per family).
 FAMILIES: dict[str, Callable[[fx.Node, Any], bool]] = {
     "dtype agreement (matmul, convolution, index writes)": _mixed_dtypes,
     "dtype support (floating-only ops on integers/bool)": _integral_operand,
     "in-place castability": _in_place,
 }
 
-# Callables never tried on stand-ins, and why.
+# Callables never tried on stand-ins (by module prefix), and why. Besides these: other
+# libraries' ops and users' functions (only torch's and Python's operators are tried),
+# higher-order ops, and the random ops below.
 NEVER_TRIED: dict[str, str] = {
     "torch.autograd": "autograd calls (trace_autograd_ops) need the graph's real tensors",
     "torch._dynamo": "Dynamo's own bookkeeping",
     "torch._C._set_grad_enabled": "global state",
     "torch.distributed": "collectives need a process group",
     "torch.cuda": "device state",
-    "random": "draws from torch's generator would change what the user's seed gives (the "
-    "generator's state is restored around every try anyway)",
 }
+# Random ops: a try would draw from torch's generator (its state is restored around every try
+# anyway, so a missed name costs no repeatability).
 _RANDOM_NAMES = {
     "dropout",
     "dropout_",
@@ -292,7 +299,7 @@ def eager_refusal(node: fx.Node) -> str | None:
     args = fx.node.map_aggregate(node.args, _val)
     kwargs = fx.node.map_aggregate(node.kwargs, _val)
     tensors = _tensors((args, kwargs))
-    if not tensors or not any(check(node, args) for check in FAMILIES.values()):
+    if not tensors or not any(check(node, (args, kwargs)) for check in FAMILIES.values()):
         return None
     if any(t.is_quantized or t.layout != torch.strided or t.is_nested for t in tensors):
         return None
@@ -319,6 +326,10 @@ def eager_refusal(node: fx.Node) -> str | None:
                 message = None  # not about dtypes: the stand-ins' shapes or values
     except _Uncheckable:
         message = None
+    if message is not None:
+        log.debug("eager refuses %s: %s", _describe(node), message)
+    if len(_CACHE) > 100_000:  # many sizes under dynamic shapes: start over
+        _CACHE.clear()
     _CACHE[key] = message
     return message
 
