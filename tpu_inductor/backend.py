@@ -32,6 +32,7 @@ from tpu_inductor import (
     hints,
     optimizers,
     programs,
+    refusals,
     sharding,
 )
 from tpu_inductor.compile_only import TargetGraph
@@ -81,6 +82,7 @@ def tpu_backend(
     Raises:
         InvalidOptionError: at the first call (the first graph: torch hands a backend its
             options no earlier), listing every bad option and an unknown mode.
+        EagerRefusalError: ops eager refuses for their operands' dtypes (see refusals.py).
 
     Example:
         >>> model = torch.compile(torch.nn.Linear(4, 4), backend="tpu")
@@ -89,6 +91,7 @@ def tpu_backend(
     """
     opts = parse_options(options, mode)
     configure_logging()
+    refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
     # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held
     # here, as the fake mode keeps them only weakly, until AOTAutograd has traced)
     cpu_fakes = (

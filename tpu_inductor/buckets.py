@@ -99,7 +99,13 @@ def can_pad(compiled) -> bool:
     inputs updated in place (their shapes must stay the real ones) and no scalar read from the
     sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the bucket)."""
     low = compiled.lowered
-    return low.dynamic and not compiled._saved and not low.mutations and not low.host_sizes
+    return (
+        low.dynamic
+        and not compiled._saved
+        and not low.mutations
+        and not low.host_sizes
+        and not low.view_outputs
+    )
 
 
 class PaddedGraph:

@@ -121,3 +121,18 @@ class TargetCompileError(TpuInductorError):
     Raised by :meth:`tpu_inductor.tpu_report` ``(...).raise_for_errors()``; the message lists
     every such program, why (with the user's source line) and by how much it is over.
     """
+
+
+class EagerRefusalError(CompileError):
+    """Eager PyTorch refuses this program, so the compiled one does too.
+
+    Torch's fake tensors (what Dynamo and AOTAutograd trace with) skip checks its CPU kernels
+    make: operand dtypes that must agree (``mm``, ``conv``, ``index_put_``), in-place results
+    that can't be cast back (an integer ``mul_`` by a float), ops eager implements for
+    floating types only. The message quotes eager's own error for each such op, with the
+    user's source line; ``refused`` holds ``(op, eager's message, source line)`` triples.
+    """
+
+    def __init__(self, message: str, refused: list[tuple[str, str, str]] | None = None):
+        super().__init__(message)
+        self.refused = list(refused or [])

@@ -17,6 +17,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import sympy
 import torch
 import torch.fx as fx
 from jax import lax
@@ -147,6 +149,13 @@ class LoweredGraph:
             new values ``fn`` returns after the declared outputs.
         host_sizes: whether a scalar built from sizes only (``torch.tensor(x.shape[0]).item()``)
             is evaluated while tracing, binding the unbacked symbol it defines.
+        view_outputs: computed outputs whose layout (sizes, strides, storage offset) is
+            symbolic: views such as ``x[:, n:n + 2]``, which AOTAutograd rebuilds from their base
+            with ``as_strided`` and the layout of the tensor handed back (see
+            ``runtime.with_layout``).
+        layouts: per input binding (:meth:`binding_key`), each view output's concrete
+            ``(size, stride, storage_offset)``, recorded while tracing (``None`` when it is not
+            known then).
     """
 
     fn: Callable
@@ -161,6 +170,13 @@ class LoweredGraph:
     output_plan: tuple = ()
     mutations: tuple = ()
     host_sizes: bool = False
+    view_outputs: frozenset[int] = frozenset()
+    layouts: dict = dataclasses.field(default_factory=dict)
+
+    def binding_key(self, inputs) -> tuple:
+        """The input-size bindings of a call (graph inputs in order: tensors or arrays, and
+        scalars) as a hashable key."""
+        return _binding_key(bind(self.input_metas, inputs))
 
     @property
     def plain_outputs(self) -> bool:
@@ -356,6 +372,12 @@ def lower_graph(
     )
     dynamic = graph_is_dynamic(input_metas)
     output_plan, computed = _output_plan(output_node.args[0], placeholders)
+    view_outputs = frozenset(
+        j
+        for j, m in enumerate(output_metas)
+        if output_plan[j][0] == "out" and isinstance(m, torch.Tensor) and _symbolic_layout(m)
+    )
+    layouts: dict = {}
     mutations, extra = _mutations(nodes, placeholders, len(computed))
     # Scalars read from values known once the sizes are, and assertions on them: their inputs
     # run while tracing (jax.ensure_compile_time_eval), so the read is a Python number that may
@@ -397,6 +419,7 @@ def lower_graph(
             env[node] = value
             input_ids.add(id(value))
         bindings = bind(input_metas, inputs) if dynamic or host_eval else None
+        key = _binding_key(bind(input_metas, inputs)) if view_outputs else None
         for ctx in contexts.values():
             ctx.bindings = bindings
         base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
@@ -412,6 +435,9 @@ def lower_graph(
         def run(node, args, kwargs):
             """The value of one node, given its arguments' values."""
             if node.op == "get_attr":
+                if node in host_eval:  # a constant a scalar is read from: a concrete array
+                    with jax.ensure_compile_time_eval():
+                        return _constant(getattr(gm, node.target))
                 return _constant(getattr(gm, node.target))
             if node.target in PYTHON_OPS:
                 return PYTHON_OPS[node.target](*args, **kwargs)
@@ -464,6 +490,12 @@ def lower_graph(
                 groups[node].run(env, run, stacks)
             elif node not in inside:
                 env[node] = run(node, load(node.args), {k: load(v) for k, v in node.kwargs.items()})
+        if view_outputs:  # the layout AOTAutograd rebuilds each view output with (see runtime)
+            layouts[key] = {
+                j: _replayed_layout(output_node.args[0][j], env, bindings)
+                or _layout(output_metas[j], bindings)
+                for j in view_outputs
+            }
         outs = []
         seen = set(input_ids)
         for out in [env[n] if isinstance(n, fx.Node) else n for n in computed + extra]:
@@ -490,7 +522,93 @@ def lower_graph(
         output_plan,
         mutations,
         host_sizes,
+        view_outputs,
+        layouts,
     )
+
+
+def _symbolic_layout(meta: torch.Tensor) -> bool:
+    """Whether a value's layout is symbolic and not plainly contiguous from offset 0 (a
+    contiguous one is what a fresh output has anyway: most reshapes of a matmul's result)."""
+    layout = (*meta.shape, *meta.stride(), meta.storage_offset())
+    if not any(isinstance(d, torch.SymInt) and d.node.maybe_as_int() is None for d in layout):
+        return False
+    expr = [d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(d) for d in layout]
+    n = meta.dim()
+    shape, stride, offset = expr[:n], expr[n : 2 * n], expr[2 * n]
+    contiguous = sympy.Integer(1)
+    for d in reversed(range(n)):
+        if shape[d] != 1 and sympy.expand(stride[d] - contiguous) != 0:
+            return True
+        contiguous = contiguous * shape[d]
+    return sympy.expand(offset) != 0
+
+
+def _binding_key(bindings: dict) -> tuple:
+    return tuple(sorted((str(k), v) for k, v in bindings.items() if not _traced(v)))
+
+
+def _layout(meta: torch.Tensor, bindings: dict | None):
+    """``(size, stride, storage_offset)`` of a view output under ``bindings``, or ``None``
+    where a symbol is not bound to a number (a value read in the program)."""
+    bindings = {k: v for k, v in (bindings or {}).items() if not _traced(v)}
+    try:
+        size = concrete_shape(meta.shape, bindings)
+        stride = concrete_shape(meta.stride(), bindings)
+        offset = concrete_shape([meta.storage_offset()], bindings)[0]
+    except (ValueError, TypeError):
+        return None
+    return size, stride, offset
+
+
+def _is_view_op(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
+
+
+def _replayed_layout(out, env: dict, bindings: dict | None):
+    """The layout of view output ``out``, found by replaying its chain of view ops (with the
+    values their arguments have in this trace) on a ``meta`` tensor laid out as its base: a
+    graph input (its layout under ``bindings``) or a computed value (handed back contiguous).
+    A size or offset torch gave a fresh unbacked symbol (``narrow`` at ``u0``: offset ``u5``)
+    is known this way once ``u0`` is. ``None`` where an argument is a value read in the
+    program, or the chain is not views only."""
+    chain = []
+    node = out
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target is operator.getitem and _is_view_op(getattr(node.args[0], "target", None)):
+            chain.append(node)
+        elif _is_view_op(node.target):
+            chain.append(node)
+        else:
+            break
+        node = node.args[0]
+    if not chain or not isinstance(node, fx.Node):
+        return None
+    bound = {k: v for k, v in (bindings or {}).items() if not _traced(v)}
+    try:
+        if node.op == "placeholder":
+            meta = node.meta["val"]
+            size = concrete_shape(meta.shape, bound)
+            stride = concrete_shape(meta.stride(), bound)
+            offset = concrete_shape([meta.storage_offset()], bound)[0]
+        else:
+            size = tuple(env[node].shape)
+            stride = tuple(int(x) for x in np.cumprod((1, *size[:0:-1]))[::-1]) if size else ()
+            offset = 0
+        extent = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride, strict=True))
+        value = torch.empty(extent, device="meta").as_strided(size, stride, offset)
+        for n in reversed(chain):
+            if n.target is operator.getitem:
+                value = value[n.args[1]]
+                continue
+            args = [env[a] if isinstance(a, fx.Node) else a for a in n.args[1:]]
+            args = [list(a) if isinstance(a, list | tuple) else a for a in args]
+            if any(_traced(x) for x in torch.utils._pytree.tree_leaves(args)):
+                return None
+            value = n.target(value, *args, **n.kwargs)
+    except (ValueError, TypeError, RuntimeError, KeyError, IndexError):
+        return None
+    return tuple(value.shape), tuple(value.stride()), value.storage_offset()
 
 
 _READ_WHILE_TRACING = (

@@ -33,7 +33,7 @@ from tpu_inductor.boundary import (
 from tpu_inductor.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.devices import compile_lowered
 from tpu_inductor.dtypes import to_jax_dtype
-from tpu_inductor.errors import raise_failed_assert
+from tpu_inductor.errors import TpuInductorError, raise_failed_assert
 from tpu_inductor.residency import (
     VALUES,
     device_zeros,
@@ -317,7 +317,12 @@ class CompiledGraph:
         self._keep = frozenset(
             low.output_plan[j][1] for j in self._saved if low.output_plan[j][0] == "input"
         )
-        self._plain = low.plain_outputs and not saved_outputs
+        # Views of symbolic layout (x[:, n:n + 2] under dynamic shapes or an unbacked n) are
+        # handed back with that layout: AOTAutograd rebuilds such an output from its base with
+        # as_strided and the strides/offset of the tensor it gets (view replay is off for
+        # symbolic views), so a fresh contiguous tensor would read the wrong elements.
+        self._views = low.view_outputs if not backward else frozenset()
+        self._plain = low.plain_outputs and not saved_outputs and not self._views
         # A static graph has one signature (Dynamo's guards fix every input's shape and dtype):
         # after the first call its executable is used without rebuilding the signature.
         self._static_exe = None
@@ -377,6 +382,7 @@ class CompiledGraph:
         )
         self.lazy = lazy
         inputs = args if self._plain and not lazy else list(args)
+        view_key = self.lowered.binding_key(args) if self._views else None
         with jax.enable_x64(True):  # without it, DLPack would turn int64 into int32
             exe = self._static_exe
             # A lazy call returns before the executable has run: it must not read host memory
@@ -422,8 +428,9 @@ class CompiledGraph:
                 raise_failed_assert(e)
                 raise
             del arrays
+            layouts = self.lowered.layouts.get(view_key) if self._views else None
             if lazy:
-                result = self._assemble(outs, inputs, lazy=True)
+                result = self._assemble(outs, inputs, lazy=True, layouts=layouts)
                 if self.lowered.mutations:
                     self._write_back(outs, inputs, lazy=True)
                 self.transfers.steady = True
@@ -431,17 +438,18 @@ class CompiledGraph:
             if self._plain and not self._scalar_outputs:
                 result = [self._output(o) for o in outs]
             else:
-                result = self._assemble(outs, inputs)
+                result = self._assemble(outs, inputs, layouts=layouts)
             if self.lowered.mutations:
                 self._write_back(outs, inputs)
         self.transfers.steady = True
         return result
 
-    def _assemble(self, outs, inputs: list, lazy: bool = False) -> list:
+    def _assemble(self, outs, inputs: list, lazy: bool = False, layouts=None) -> list:
         """The declared outputs from the executable's results (see ``LoweredGraph``).
 
         ``lazy``: the graph read device-owned state, so its results are DeviceTensors that
-        cross only when read (see ``device_owned.py``)."""
+        cross only when read (see ``device_owned.py``). ``layouts``: the view outputs'
+        layouts in this call (``LoweredGraph.view_layouts``)."""
         handles = bool(self._saved) and not saved_tensors_hooks_active()
         result = []
         saved_bytes = 0
@@ -465,6 +473,8 @@ class CompiledGraph:
                     result.append(h)
                 else:
                     result.append(output_to_host(o, self.transfers, "materialize"))
+            elif j in self._views and isinstance(outs[k], jax.Array):
+                result.append(with_layout(self._output(outs[k]), (layouts or {}).get(j), j))
             elif lazy and isinstance(outs[k], jax.Array):
                 result.append(lazy_output(outs[k], self.lowered.output_metas[j].dtype))
             else:
@@ -566,6 +576,34 @@ def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tenso
     counter.add(D2H, reason, owner.nbytes)  # numpy's nbytes: jax.Array's costs ~5 us
     VALUES.record(t, arr, owner)
     return t
+
+
+def with_layout(t: torch.Tensor, layout, position: int) -> torch.Tensor:
+    """``t``'s values in a tensor of ``layout`` = ``(size, stride, storage_offset)``: the layout
+    of the view it stands for, which AOTAutograd applies to the view's base (``as_strided``)
+    to rebuild it. Elements several positions share (overlapping strides) hold one value in
+    eager too."""
+    if layout is None:
+        raise TpuInductorError(
+            f"output {position} is a view whose position in its base is read in the program "
+            "(a size or offset taken from a tensor's values), so the tensor handed back could "
+            "not be placed in its base. What to do: torch._check the value against a bound, "
+            "or clone() the view before returning it."
+        )
+    size, stride, offset = layout
+    if tuple(t.shape) != tuple(size):
+        raise TpuInductorError(f"output {position}: shape {list(t.shape)}, its view says {size}")
+    if t.stride() == tuple(stride) and t.storage_offset() == offset:
+        return t
+    index = torch.full(size, offset, dtype=torch.int64)
+    for d, (n, s) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + (torch.arange(n) * s).reshape(shape)
+    extent = int(index.max()) + 1 if index.numel() else offset
+    base = torch.empty(extent, dtype=t.dtype)
+    base[index.reshape(-1)] = t.reshape(-1)
+    return base.as_strided(size, stride, offset)
 
 
 def _fmt_tensor(t: torch.Tensor) -> str:

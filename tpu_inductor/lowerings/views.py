@@ -120,9 +120,31 @@ def slice_(ctx, self, dim=0, start=None, end=None, step=1):
 @register_lowering(aten.slice_scatter.default)
 def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     dim = _dim(dim, self.ndim)
+    src = src.astype(self.dtype)
+    if _traced(start) or _traced(end):
+        # A position read from a tensor in the program (x[:, i:i + 2] = v under
+        # capture_scalar_outputs): src's size is known, the start is the runtime value.
+        # NOTE: like lax.dynamic_update_slice, a start past the end is clamped; eager raises.
+        start = _wrap(0 if start is None else start, self.shape[dim])
+        if step == 1:
+            return lax.dynamic_update_slice_in_dim(self, src, start, axis=dim)
+        index = start + jnp.arange(src.shape[dim]) * step
+        moved = jnp.moveaxis(self, dim, 0).at[index].set(jnp.moveaxis(src, dim, 0))
+        return jnp.moveaxis(moved, 0, dim)
     start, end = _norm_slice(start, end, self.shape[dim])
     index = (slice(None),) * dim + (slice(start, end, step),)
-    return self.at[index].set(src.astype(self.dtype))
+    return self.at[index].set(src)
+
+
+def _traced(v) -> bool:
+    return isinstance(v, jax.Array | jax.core.Tracer)
+
+
+def _wrap(index, size: int):
+    """A position that may be negative (counted from the end), traced or not."""
+    if _traced(index):
+        return jnp.where(index < 0, index + size, index)
+    return index + size if index < 0 else index
 
 
 # aten::select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
@@ -131,7 +153,9 @@ def select_scatter(ctx, self, src, dim, index):
     # Lowered rather than decomposed: torch's decomposition (a where over an arange mask)
     # promotes self with src (an int64 src made an int32 self int64); the result is self's dtype.
     dim = _dim(dim, self.ndim)
-    index = index + self.shape[dim] if index < 0 else index
+    index = _wrap(index, self.shape[dim])  # traced: a position read in the program
+    if _traced(index):
+        return lax.dynamic_update_index_in_dim(self, src.astype(self.dtype), index, axis=dim)
     return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
 
@@ -139,7 +163,9 @@ def select_scatter(ctx, self, src, dim, index):
 @register_lowering(aten.select.int, aten.select_copy.int)
 def select(ctx, self, dim, index):
     dim = _dim(dim, self.ndim)
-    index = index + self.shape[dim] if index < 0 else index
+    index = _wrap(index, self.shape[dim])
+    if _traced(index):  # a position read in the program
+        return lax.dynamic_index_in_dim(self, index, axis=dim, keepdims=False)
     return lax.index_in_dim(self, index, axis=dim, keepdims=False)
 
 
@@ -147,7 +173,9 @@ def select(ctx, self, dim, index):
 @register_lowering(aten.narrow.default)
 def narrow(ctx, self, dim, start, length):
     dim = _dim(dim, self.ndim)
-    start = start + self.shape[dim] if start < 0 else start
+    start = _wrap(start, self.shape[dim])
+    if _traced(start):  # a position read in the program; the length is known
+        return lax.dynamic_slice_in_dim(self, start, length, axis=dim)
     return lax.slice_in_dim(self, start, start + length, axis=dim)
 
 
@@ -207,9 +235,13 @@ def flip(ctx, self, dims):
 # aten::roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
 @register_lowering(aten.roll.default)
 def roll(ctx, self, shifts, dims=()):
+    # A shift may be a value read in the program (torch.roll(x, t.item())): jnp.roll takes a
+    # traced shift per axis.
     if not dims:
         return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
-    return jnp.roll(self, shifts, [_dim(d, self.ndim) for d in dims])
+    for shift, d in zip(shifts, dims, strict=True):
+        self = jnp.roll(self, shift, _dim(d, self.ndim))
+    return self
 
 
 # aten::repeat(Tensor self, SymInt[] repeats) -> Tensor
