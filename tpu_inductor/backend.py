@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 
 from tpu_inductor import (
+    breaks,
     buckets,
     cache,
     capture,
@@ -85,6 +86,8 @@ def tpu_backend(
     """
     opts = parse_options(options, mode)
     configure_logging()
+    breaks.report_graph_break(gm)
+    breaks.join_optimizer_step()
     # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held
     # here, as the fake mode keeps them only weakly, until AOTAutograd has traced)
     cpu_fakes = (
