@@ -23,6 +23,10 @@ def test_demo_prints_its_measured_comparison():
     shown = float(ratio) if verdict == "faster" else 1 / float(ratio)
     assert abs(shown - measured) / measured < 0.02, line  # the ratio is of the printed times
     assert "eager in a process of its own" in out
+    from tpu_inductor.demo import LABELS
+
+    printed = [m.group(1).strip() for m in re.finditer(r"^  ([^:\n]+?)\s*:", out, re.M)]
+    assert printed == list(LABELS), printed
     timing = next(line for line in out.splitlines() if line.strip().startswith("timing"))
     assert "UNRELIABLE" in timing or "steady" in timing, timing
 

@@ -59,6 +59,9 @@ def _spread(times: list[float]) -> float:
     return sorted(times)[len(times) // 2] / min(times) - 1
 
 
+# The labelled lines main() prints, in order (README's sample: scripts/update_readme_demo.py).
+LABELS = ("device", "first call (compile)", "steady state", "conditions", "timing")
+
 # Above this the verdict is marked unreliable: load average over cores (other jobs want the
 # cores the two sides are timed on), or the median round this much slower than the best.
 LOAD_PER_CORE_LIMIT = 0.75
