@@ -23,3 +23,20 @@ def test_demo_prints_its_measured_comparison():
     shown = float(ratio) if verdict == "faster" else 1 / float(ratio)
     assert abs(shown - measured) / measured < 0.02, line  # the ratio is of the printed times
     assert "eager in a process of its own" in out
+    from tpu_inductor.demo import LABELS
+
+    printed = [m.group(1).strip() for m in re.finditer(r"^  ([^:\n]+?)\s*:", out, re.M)]
+    assert printed == list(LABELS), printed
+    timing = next(line for line in out.splitlines() if line.strip().startswith("timing"))
+    assert "UNRELIABLE" in timing or "steady" in timing, timing
+
+
+def test_verdict_says_when_load_makes_it_unreliable():
+    from tpu_inductor.demo import reliability
+
+    assert reliability(0.5, 2, [0.05, 0.1]) is None
+    busy = reliability(3.7, 2, [0.05, 0.1])  # the load at which the verdict flipped (issue 29)
+    assert busy.startswith("UNRELIABLE") and "load 3.7 on 2 CPUs" in busy
+    noisy = reliability(0.5, 8, [0.4, 0.0])
+    assert "UNRELIABLE" in noisy and "40% slower" in noisy
+    assert reliability(float("nan"), 2, [0.0]) is None  # no load average (Windows)

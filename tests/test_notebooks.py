@@ -30,7 +30,7 @@ def test_examples_exist():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_stored_without_outputs(path):
     """Outputs make diffs large and go stale: clear them before committing (Jupyter: Edit ->
-    Clear All Outputs; or ``jupyter nbconvert --clear-output --inplace examples/*.ipynb``)."""
+    Clear All Outputs; or ``python scripts/clear_notebooks.py``)."""
     nb = json.loads(path.read_text())
     dirty = [
         f"cell {i} ({cell.get('id', '?')})"

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from tpu_inductor import (
+    breaks,
     buckets,
     cache,
     capture,
@@ -92,6 +93,8 @@ def tpu_backend(
     opts = parse_options(options, mode)
     configure_logging()
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
+    breaks.report_graph_break(gm)
+    breaks.join_optimizer_step()
     # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held
     # here, as the fake mode keeps them only weakly, until AOTAutograd has traced)
     cpu_fakes = (
@@ -335,6 +338,20 @@ def _input_name(placeholders: list[fx.Node], i: int) -> str:
     return name() if callable(name) else name
 
 
+def _on_dynamo_reset() -> None:
+    """``torch._dynamo.reset()`` calls this (through ``torch.compile``'s backend wrapper).
+
+    Dynamo's reset does not free every compiled function: the ``__compiled_fn_*`` global it
+    puts in the module of each compiled frame (``transformers.utils.deprecation`` for a
+    transformers model's ``forward``, ``torch.optim.adam`` for a compiled ``opt.step``) stays,
+    holding AOTAutograd's functions and so our graphs. What a graph caches on the device beyond
+    its executables (zero tangents) is dropped here, so deleted models leave no device arrays
+    behind through it (tests/test_live_arrays.py); it is rebuilt if an old graph runs again.
+    """
+    for graph in list(cache.COMPILED):
+        graph.release_caches()
+
+
 def tpu_inductor_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -559,3 +576,7 @@ def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: 
 
     run._boxed_call = True
     return run
+
+
+tpu_backend.reset = _on_dynamo_reset  # type: ignore[attr-defined]
+tpu_inductor_backend.reset = _on_dynamo_reset  # type: ignore[attr-defined]

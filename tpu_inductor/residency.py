@@ -127,19 +127,18 @@ def saved_tensors_hooks_active() -> bool:
     return bool(torch._C._autograd._top_saved_tensors_default_hooks(True))
 
 
-_zeros: dict[tuple, jax.Array] = {}
-
-
-def device_zeros(shape: tuple, dtype, device: jax.Device) -> jax.Array:
-    """A cached all-zeros array on ``device`` (stands in for a tangent autograd filled with
-    zeros, so the zeros are not sent)."""
+def device_zeros(shape: tuple, dtype, device, cache: dict) -> jax.Array:
+    """An all-zeros array on ``device`` (stands in for a tangent autograd filled with zeros, so
+    the zeros are not sent), cached in ``cache``: the calling graph's own dict, so the zeros die
+    with the graph (a module-level cache kept logits- and attention-shaped zeros alive after
+    their models were deleted and Dynamo reset: tests/test_live_arrays.py)."""
     key = (tuple(shape), dtype, device)
-    z = _zeros.get(key)
+    z = cache.get(key)
     if z is None:
         z = jax.device_put(jax.numpy.zeros(shape, dtype), device)
-        if len(_zeros) > 64:
-            _zeros.clear()
-        _zeros[key] = z
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = z
     return z
 
 

@@ -313,6 +313,7 @@ class CompiledGraph:
         self._saved = frozenset(saved_outputs)
         self._bumped = bumped
         self._backward = backward
+        self._zeros: dict = {}  # residency.device_zeros: zero tangents, dying with this graph
         # Per-call inputs the backward takes back unchanged (saved as they are): import once.
         self._keep = frozenset(
             low.output_plan[j][1] for j in self._saved if low.output_plan[j][0] == "input"
@@ -343,6 +344,10 @@ class CompiledGraph:
         AOTAutograd's runtime wrapper (see ``capture.passes_through``)."""
         return self(list(args))
 
+    def release_caches(self) -> None:
+        """Drop device arrays this graph caches for reuse (zero tangents); rebuilt on demand."""
+        self._zeros.clear()
+
     def _input(self, i: int, t, private: bool = False):
         """Graph input ``i`` as an array the executable takes (see the class docstring);
         ``private``: never an alias of host memory (see ``device_input``)."""
@@ -358,7 +363,7 @@ class CompiledGraph:
                 # autograd filled a tangent with zeros (an output nobody differentiated): make
                 # them on the device instead of sending them
                 where = self.plan.replicated() if self.plan is not None else self.device
-                return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where)
+                return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where, self._zeros)
         return device_input(
             t,
             i,

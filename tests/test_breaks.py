@@ -1,0 +1,117 @@
+"""Graph breaks are said once per site (tpu_inductor/breaks.py), and a clipped, scheduled
+``opt.step()`` inside one compiled function becomes one program after its first call."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+import tpu_inductor
+from tests.helpers import assert_same
+from tpu_inductor import breaks
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    tpu_inductor.reset()
+    breaks._SAID.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "graph break" in r.getMessage()]
+
+
+def test_graph_break_is_said_once_with_line_cost_and_fix(caplog):
+    def f(x):
+        y = x * 2
+        print("not traceable")  # the break
+        return y + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(100)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.progress"):
+        for _ in range(3):
+            assert_same(cf(x), f(x))
+    said = _said(caplog)
+    assert len(said) == 1, said
+    line = f.__code__.co_firstlineno + 2
+    assert f"test_breaks.py:{line}" in said[0], said[0]
+    assert "print" in said[0]
+    assert "400 B leave the program" in said[0]  # y: 100 float32
+    assert "Fix:" in said[0]
+
+
+def test_a_break_without_fix_in_the_table_gives_dynamos_hint():
+    assert breaks._fix("Something\n  Hint: do X.\n  Hint: do Y") == "do X"
+    assert "skip_fwd_side_effects" in breaks._fix(
+        "HOP: Unsafe side effect\n Explanation: Mutating a variable from outside the scope of "
+        "this HOP is not supported."
+    )
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
+def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW):
+    transformers = pytest.importorskip("transformers")
+    model = _mlp()
+    opt = opt_cls(model.parameters(), lr=torch.tensor(1e-2))
+    sched = transformers.get_linear_schedule_with_warmup(opt, 2, 10)
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+
+    if compiled:
+        update = torch.compile(update, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    programs, broke = [], []
+    counters = torch._dynamo.utils.counters["graph_break"]
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=g)
+        model(x).pow(2).sum().backward()
+        before, breaks_before = len(tpu_inductor.report(False).graphs), sum(counters.values())
+        update()
+        programs.append(len(tpu_inductor.report(False).graphs) - before)
+        broke.append(sum(counters.values()) - breaks_before)
+        sched.step()
+        opt.zero_grad()
+    return model, opt, programs, broke
+
+
+def test_clip_and_scheduled_step_are_one_program_after_the_first_call(caplog):
+    ref, ref_opt, _, _ = _train(compiled=False)
+    torch._dynamo.reset()
+    tpu_inductor.reset()
+    with (
+        caplog.at_level(logging.WARNING, logger="tpu_inductor.progress"),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings("error", message=".*lr_scheduler.step.*before.*optimizer.step")
+        model, opt, programs, broke = _train(compiled=True)
+        _train_more = model(torch.randn(4, 8)).sum()  # the model still works eagerly
+        del _train_more
+    # call 1: clipping and the step apart (2 programs); call 2: the joined step compiles
+    # (the state exists now: one program); calls 3-4: that program, nothing new compiled
+    assert programs[0] == 2 and programs[1] == 1 and programs[2:] == [0, 0], programs
+    assert not _said(caplog), _said(caplog)  # the joinable break is not a warning
+    assert broke[0] > 0 and broke[1:] == [0, 0, 0], broke  # Dynamo breaks on the first call only
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert_same(p.detach(), q.detach())
+    assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
+    assert getattr(opt.step, "_wrapped_by_lr_sched", False)  # a second scheduler won't rewrap
+
+
+def test_an_optimizer_step_that_cant_join_says_so_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.progress"):
+        _train(compiled=True, steps=3, opt_cls=torch.optim.RMSprop)
+    said = [r.getMessage() for r in caplog.records if "RMSprop.step()" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]

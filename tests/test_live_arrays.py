@@ -1,0 +1,52 @@
+"""No device array outlives its model: two small Llamas trained under a dp and an fsdp mesh (4
+CPU devices, in a subprocess as tests/test_sharding.py does), deleted, ``gc.collect()`` and
+``torch._dynamo.reset()``; then count ``jax.live_arrays()`` (tests/live_arrays_case.py).
+
+Before the fix 28 arrays stayed (36 in the issue's run), among them logits- ([4, 16, 128]) and
+attention-shaped ([4, 2, 16, 8]) zeros: the zero tangents ``residency.device_zeros`` cached in
+a module-level dict. They are now cached per graph and dropped on ``torch._dynamo.reset()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _run(mode: str) -> dict:
+    pytest.importorskip("transformers")
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    cmd = [sys.executable, str(ROOT / "tests" / "live_arrays_case.py"), mode]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_no_device_array_outlives_models_compiled_without_their_step():
+    got = _run("eager-step")
+    assert got["while_held"] > 0, got  # the test sees the arrays it then expects gone
+    assert got["after"] == 0, got
+
+
+def test_only_optimizer_state_outlives_a_compiled_step():
+    """A compiled ``opt.step`` leaves what Dynamo itself keeps: ``torch._dynamo.reset()`` does
+    not remove the ``__compiled_fn_*`` global it put in ``torch.optim.adam``, whose graph holds
+    optimizer state tensors as attributes (alive, so their device copies are kept by
+    residency's rule). No activation-, logits- or zeros-shaped array stays."""
+    got = _run("compiled-step")
+    assert got["while_held"] > 0, got
+    state = {tuple(s) for s in got["state_shapes"]}
+    fsdp_shards = {(s[0] // 4, *s[1:]) for s in state if s}  # one device's part of each
+    assert {tuple(s) for s in got["shapes"]} <= state | fsdp_shards, got
