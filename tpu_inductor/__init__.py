@@ -34,6 +34,7 @@ from tpu_inductor.errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from tpu_inductor.planning import largest_batch
 from tpu_inductor.report import report
 from tpu_inductor.targets import Target, tpu_target
 from tpu_inductor.tpu_report import tpu_report
@@ -61,6 +62,7 @@ __all__ = [
     "compile_step",
     "debug",
     "keep_on_device",
+    "largest_batch",
     "pallas_interpret",
     "register_lowering",
     "registered_lowering",

@@ -56,6 +56,9 @@ class TargetGraph:
         self._tensor_inputs = frozenset(self.lowered.tensor_inputs)
         self._seen: dict[tuple, programs.Program] = {}
 
+    def release_caches(self) -> None:
+        """Nothing to drop: a compile-only graph holds no device arrays (``_on_dynamo_reset``)."""
+
     def call_unboxed(self, *args) -> list:
         """Dynamo's calling convention (an inference graph called without AOTAutograd)."""
         return self(list(args))
