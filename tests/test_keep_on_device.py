@@ -287,3 +287,18 @@ def test_no_growth_over_many_steps():
     end = counts()
     assert all(e <= s + 4 for s, e in zip(start, end, strict=True)), (start, end)
     _assert_params_equal(ref, dev, atol=1e-5, rtol=1e-4)
+
+
+def test_dynamo_reset_keeps_pending_values_and_training_goes_on():
+    # torch._dynamo.reset() forgets device copies of host-current tensors (residency
+    # forget_copies); a value pending on the device is the only current one and must stay.
+    (ref, ref_opt), (dev, opt, cm, step) = _pair()
+    for _ in range(2):
+        _train(ref, ref_opt, X)
+        _train(dev, opt, X, cm, step)
+    torch._dynamo.reset()  # then train on without reading anything (no sync in between)
+    for _ in range(2):
+        want = _train(ref, ref_opt, X)
+        got = _train(dev, opt, X, cm, step)
+        torch.testing.assert_close(got.item(), want.item(), atol=1e-5, rtol=1e-5)
+    _assert_params_equal(ref, dev, atol=1e-5, rtol=1e-5)

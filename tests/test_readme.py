@@ -65,6 +65,8 @@ SKIPS = {
     "(tests/test_multihost.py runs two processes on one machine)",
     "Compiling for a TPU you don't have #1": "compiles with libtpu for a TPU topology (minutes "
     "on 2 cores): tests/tpu/ (marker tpu_compile) runs it",
+    "Planning what fits: `largest_batch` #1": "bisects over libtpu compiles of a training step "
+    "for a TPU target: tests/tpu/test_planning.py runs it on a tiny Llama",
 }
 
 

@@ -29,11 +29,13 @@ from tpu_inductor import (
     cache,
     capture,
     custom_ops,
+    device_owned,
     export_cache,
     hints,
     optimizers,
     programs,
     refusals,
+    residency,
     sharding,
 )
 from tpu_inductor.compile_only import TargetGraph
@@ -350,6 +352,11 @@ def _on_dynamo_reset() -> None:
     """
     for graph in list(cache.COMPILED):
         graph.release_caches()
+    # Tensors Dynamo's leftover globals keep alive (a compiled opt.step's optimizer state) would
+    # keep their device copies too: a copy of a host-current tensor is only a cache, so it goes
+    # (crossing again on next use); a keep_on_device value pending on the device stays (it
+    # would be synced to the host first anyway: tests/test_keep_on_device.py).
+    residency.VALUES.forget_copies(device_owned.pending_array_ids())
 
 
 def tpu_inductor_backend(

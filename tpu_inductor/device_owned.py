@@ -94,6 +94,11 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def pending_array_ids() -> set[int]:
+    """Ids of the arrays that are the only current value of some owned storage."""
+    return {id(arr) for _, arr in list(_PENDING.values())}
+
+
 def mark_pending(inner: torch.Tensor, arr: jax.Array, owner: np.ndarray | None = None) -> None:
     """``arr`` is ``inner``'s current value; its host storage is filled when first read.
 

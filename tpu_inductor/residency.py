@@ -104,6 +104,15 @@ class DeviceValues:
         """Forget every device copy (the next use of each tensor crosses again)."""
         self._entries = {}
 
+    def forget_copies(self, keep: set[int]) -> int:
+        """Forget every device copy whose array is not in ``keep`` (ids of arrays that are the
+        only current value, such as keep_on_device's pending ones); the host tensors are
+        current, so the next use of each crosses again (``resident``). Returns how many."""
+        drop = [p for p, e in list(self._entries.items()) if id(e[5]) not in keep]
+        for ptr in drop:
+            self._entries.pop(ptr, None)
+        return len(drop)
+
 
 VALUES = DeviceValues()
 
