@@ -29,6 +29,22 @@ def _model():
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
 
 
+def _search(path: str) -> _Search:
+    """The planner's probe for the tiny Llama on one v5e chip, batch searched at 128 tokens."""
+    return _Search(
+        _model,
+        {"target": "v5e"},
+        causal_lm_loss,
+        token_ids,
+        torch.optim.AdamW,
+        None,
+        "batch",
+        1,
+        128,
+        path,
+    )
+
+
 def test_largest_batch_is_the_boundary_of_what_fits(monkeypatch):
     # one v5e chip shrunk to 10 MiB usable: the tiny step's peak grows ~1.5 MB per sequence of
     # 128 tokens (measured: 3.7 MB at batch 1, 14.4 MB at batch 8), so the boundary is a few
@@ -47,17 +63,7 @@ def test_largest_batch_is_the_boundary_of_what_fits(monkeypatch):
     above = [p for p in row.probes if p.size > row.size]
     assert above and not any(p.fits for p in above)
     # a fresh compile one above the answer agrees: it does not fit
-    search = _Search(
-        _model,
-        {"target": "v5e"},
-        causal_lm_loss,
-        token_ids,
-        torch.optim.AdamW,
-        None,
-        "batch",
-        1,
-        128,
-    )
+    search = _search("one-program")
     assert not search.probe("none", row.size + 1).fits
     assert "largest batch" in str(plan) and f"{row.size:>8}" in str(plan)
 
@@ -65,18 +71,7 @@ def test_largest_batch_is_the_boundary_of_what_fits(monkeypatch):
 def test_checkpointing_lowers_the_split_step_peak():
     # measured on this tiny Llama, batch 8 x 128: step peak none 21.7 MB, full 15.0 MB on the
     # three-program path; on the one-program path all three choices gave 14.4 MB
-    search = _Search(
-        _model,
-        {"target": "v5e"},
-        causal_lm_loss,
-        token_ids,
-        torch.optim.AdamW,
-        None,
-        "batch",
-        1,
-        128,
-        "split",
-    )
+    search = _search("split")
     none, full = search.probe("none", 8), search.probe("full", 8)
     assert none.fits and full.fits
     assert full.peak_bytes < 0.85 * none.peak_bytes
