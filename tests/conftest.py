@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 import torch
+
+
+TPU_TESTS = pathlib.Path(__file__).parent / "tpu"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/tpu/ runs only when named (`pytest tests/tpu`): the README's second test step, after
+    libtpu is installed. A plain `pytest` on a machine that has libtpu would otherwise compile
+    every TPU test a second time in CI (its last run: 54 TPU tests inside a 37 min first step)."""
+    if collection_path != TPU_TESTS:
+        return None
+    named = [pathlib.Path(str(a).split("::")[0]).resolve() for a in config.args]
+    if any(p == TPU_TESTS or TPU_TESTS in p.parents for p in named):
+        return None
+    return True
 
 
 def pytest_collection_modifyitems(config, items):
