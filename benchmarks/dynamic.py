@@ -179,7 +179,7 @@ def _label(b: int, s: int | None, r: int | None) -> str:
 def _builds() -> int:
     import tpu_inductor
 
-    return sum(len(g.builds) for g in tpu_inductor.report(print_table=False).graphs)
+    return sum(len(g.builds) for g in tpu_inductor.runtime.report(print_table=False).graphs)
 
 
 def _outputs(out, names):
@@ -192,7 +192,7 @@ def sweep_case(case) -> Row:
     """Run one model over its sizes, twice each; see the module docstring."""
     import tpu_inductor
     from tests.models.harness import fallback_ops, max_abs_err
-    from tpu_inductor.errors import FallbackWarning
+    from tpu_inductor.core.errors import FallbackWarning
 
     row = Row(model=case.name, library=case.library)
     start = time.perf_counter()

@@ -64,7 +64,7 @@ Params = dict[str, Any]
 
 def params_from_torch(model) -> Params:
     """The parameters of a ``transformers.LlamaForCausalLM`` as a JAX pytree (same dtype)."""
-    from tpu_inductor.boundary import tensor_to_host  # bfloat16-safe numpy view
+    from tpu_inductor.core.boundary import tensor_to_host  # bfloat16-safe numpy view
 
     def arr(t):
         return jnp.asarray(tensor_to_host(t.detach()))

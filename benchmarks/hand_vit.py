@@ -66,7 +66,7 @@ Params = dict[str, Any]
 
 def params_from_torch(model) -> Params:
     """The parameters of a ``transformers.ViTForImageClassification`` as a JAX pytree."""
-    from tpu_inductor.boundary import tensor_to_host
+    from tpu_inductor.core.boundary import tensor_to_host
 
     def arr(t):
         return jnp.asarray(tensor_to_host(t.detach()))

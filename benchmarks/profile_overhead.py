@@ -94,7 +94,7 @@ def layers(
     import numpy as np
 
     from benchmarks.suite import _hand_jax_mlp, time_per_call
-    from tpu_inductor.runtime import CompiledGraph
+    from tpu_inductor.runtime.call import CompiledGraph
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -73,7 +73,7 @@ def _tpu_figures(exes) -> dict:
     import tpu_inductor
 
     program = [
-        p for p in tpu_inductor.tpu_report(print_table=False).programs if p.graph == exes.name
+        p for p in tpu_inductor.tpu.tpu_report(print_table=False).programs if p.graph == exes.name
     ]
     p = program[-1]
     return {
@@ -87,7 +87,7 @@ def measure(layers: int, hidden: int, scan: bool, mode: str, target: str | None 
     """Compile (and, without ``target``, run) one step; the figures of its programs, summed
     (``mode="train"``: forward and backward; ``"step"``: compile_step's one program)."""
     import tpu_inductor
-    from tpu_inductor import cache
+    from tpu_inductor.runtime import cache
 
     torch._dynamo.reset()
     model = _model(layers, hidden)

@@ -487,9 +487,9 @@ def run_model(
         "info": info,
     }
     if contender == "tpu":
-        import tpu_inductor.cache
+        import tpu_inductor.runtime.cache
 
-        result["fallback_ops"] = list(tpu_inductor.cache.FALLBACK_OPS)
+        result["fallback_ops"] = list(tpu_inductor.runtime.cache.FALLBACK_OPS)
     log(f"model {name}/{mode} {contender}: {result['ms']:.1f} ms/step")
     return result
 

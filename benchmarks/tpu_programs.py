@@ -10,7 +10,7 @@ training step, two ways, and reads XLA's own analysis of each:
   program with parameters and optimizer state donated; the inference forward returns the logits
   and the KV cache HF returns;
 - **ours**: what ``torch.compile(..., backend="tpu", options={"target": ...})`` compiles for the
-  user's code (``tpu_inductor.programs`` records each program). ``3prog``: the model and
+  user's code (``tpu_inductor.tpu.programs`` records each program). ``3prog``: the model and
   ``opt.step`` compiled separately (forward, backward and AdamW programs); ``1prog``: the whole
   step compiled as one function with ``tpu_inductor.compile_step`` (one program).
 
@@ -99,7 +99,7 @@ class Target:
 
     @classmethod
     def make(cls, name: str) -> Target:
-        from tpu_inductor.targets import tpu_target
+        from tpu_inductor.tpu.targets import tpu_target
 
         return cls(name, tpu_target(name).devices[0])
 
@@ -163,7 +163,7 @@ SAVE_HLO: Path | None = None  # --save-hlo: write each program's optimized HLO t
 
 def analyze(compiled) -> dict:
     """XLA's figures for one compiled program (the hand-written ones; ours come from
-    ``tpu_inductor.programs``, which reads the same analyses)."""
+    ``tpu_inductor.tpu.programs``, which reads the same analyses)."""
     text = compiled.as_text()
     if SAVE_HLO is not None:
         SAVE_HLO.mkdir(parents=True, exist_ok=True)
@@ -178,7 +178,7 @@ def analyze(compiled) -> dict:
     return {
         "bytes": float(cost.get("bytes accessed", 0.0)),
         "flops": float(cost.get("flops", 0.0)),
-        # as tpu_inductor.programs.Program.peak_bytes counts it
+        # as tpu_inductor.tpu.programs.Program.peak_bytes counts it
         "hbm_peak": int(args + outs - alias + temp + mem.generated_code_size_in_bytes),
         "arguments": int(args),
         "outputs": int(outs),
@@ -259,14 +259,14 @@ def _torch_workload(model_name: str, small: bool, dtype):
 
 def run_ours(workload: str, variant: str, small: bool, target: str, options: dict) -> dict:
     """Compile the workload's step with ``options={"target": target}`` (compile only: nothing
-    runs) and read each program the backend recorded (``tpu_inductor.programs.PROGRAMS``)."""
+    runs) and read each program the backend recorded (``tpu_inductor.tpu.programs.PROGRAMS``)."""
     import collections
 
     import torch
 
     import tpu_inductor
-    from tpu_inductor import programs as recorded
-    from tpu_inductor.dtypes import to_jax_dtype
+    from tpu_inductor.core.dtypes import to_jax_dtype
+    from tpu_inductor.tpu import programs as recorded
 
     model_name, kind, dtype_name = parse_workload(workload)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]

@@ -47,7 +47,7 @@ def loop(variant: str, steps: int = 5, warmup: int = 3) -> dict:
     import transformers
 
     import tpu_inductor
-    from tpu_inductor.transfers import TOTAL
+    from tpu_inductor.core.transfers import TOTAL
 
     keep = variant != "loop-no-keep"
     accumulate = 2 if variant == "loop-accumulate-2" else 1
@@ -96,7 +96,7 @@ def loop(variant: str, steps: int = 5, warmup: int = 3) -> dict:
     losses = [step() for _ in range(steps)]
     seconds = (time.perf_counter() - start) / steps
     d = _delta(before, TOTAL.copy())
-    saved = sum(g.saved_bytes for g in tpu_inductor.report(False).graphs)
+    saved = sum(g.saved_bytes for g in tpu_inductor.runtime.report(False).graphs)
     return {
         "workload": variant,
         "param_bytes": _param_bytes(model),

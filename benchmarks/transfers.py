@@ -3,7 +3,7 @@
 ``python -m benchmarks.transfers``
 
 On CPU every crossing is zero-copy, so time alone can't show them; the backend counts each one
-where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads:
+where an accelerator would copy (``tpu_inductor.runtime.report().transfers``). Workloads:
 
 - ``train``: a transformers Llama (hidden 256, 4 layers, vocab 1024: 18.9 MB of float32
   parameters), batch 2 x 64, compiled model + compiled AdamW ``opt.step``, steady state, the
@@ -58,7 +58,7 @@ def _param_bytes(module) -> int:
 
 
 def _delta(before, after) -> dict:
-    from tpu_inductor.transfers import D2H, H2D, REASONS
+    from tpu_inductor.core.transfers import D2H, H2D, REASONS
 
     d = after - before
     return {
@@ -85,8 +85,8 @@ def train(
     an eager ``clip_grad_norm_`` to that norm each step, its ops run on the device or synced to
     the host (``eager_ops``)."""
     import tpu_inductor
-    from tpu_inductor import device_eager
-    from tpu_inductor.transfers import TOTAL
+    from tpu_inductor.core.transfers import TOTAL
+    from tpu_inductor.runtime import device_eager
 
     device_eager.ENABLED = eager_ops == "device"
 
@@ -141,7 +141,7 @@ def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dic
     over a whole ``generate`` (prefill included) and per decode step (the difference between
     generating ``new`` and ``new // 2`` tokens)."""
     import tpu_inductor
-    from tpu_inductor.transfers import TOTAL
+    from tpu_inductor.core.transfers import TOTAL
 
     model = _llama().eval()
     if keep_on_device:
@@ -198,7 +198,7 @@ def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dic
 
 def mlp(calls: int = 20) -> dict:
     """Bytes per inference call of a small MLP: exactly its input in and its output out."""
-    from tpu_inductor.transfers import TOTAL
+    from tpu_inductor.core.transfers import TOTAL
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(

@@ -8,7 +8,6 @@ import pathlib
 import pytest
 import torch
 
-
 TPU_TESTS = pathlib.Path(__file__).parent / "tpu"
 
 

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-from tpu_inductor.dtypes import tolerance
+from tpu_inductor.core.dtypes import tolerance
 
-# The "op" level of the one tolerance table (tpu_inductor.dtypes.TOLERANCES), float32's, for
+# The "op" level of the one tolerance table (tpu_inductor.core.dtypes.TOLERANCES), float32's, for
 # every dtype unless a test passes its own.
 ATOL, RTOL = tolerance(torch.float32, level="op")
 

@@ -67,7 +67,7 @@ def _spec(t) -> tuple:
 
 
 def _resident(t):
-    from tpu_inductor.residency import VALUES
+    from tpu_inductor.runtime.residency import VALUES
 
     inner = getattr(t, "_inner", t)
     return VALUES.lookup(inner)
@@ -75,7 +75,7 @@ def _resident(t):
 
 def _state_bytes_per_device(model, optimizer_state=()):
     """Device -> bytes of the model's parameters' device copies (each shard where it lives)."""
-    from tpu_inductor.sharding import resident_bytes_per_device
+    from tpu_inductor.runtime.sharding import resident_bytes_per_device
 
     arrays = [_resident(p) for p in model.parameters()]
     assert all(a is not None for a in arrays), "a parameter has no device copy"
@@ -99,7 +99,7 @@ def test_fsdp_shards_parameters_and_optimizer_state():
     # every weight matrix's first dimension divides by 8; the norms' 32 too
     assert max(per_device.values()) * 8 == total, per_device
     assert _spec(comp.model.layers[0].self_attn.q_proj.weight) == ("data",)
-    report = tpu_inductor.report(print_table=False)
+    report = tpu_inductor.runtime.report(print_table=False)
     assert len(report.resident_bytes_per_device) == 8
 
 

@@ -12,14 +12,14 @@ import torch
 
 import tpu_inductor
 from tests.helpers import assert_same, compiled
-from tpu_inductor import backend as backend_mod
-from tpu_inductor.config import parse_options
-from tpu_inductor.errors import (
+from tpu_inductor.core.errors import (
     InvalidOptionError,
     ShapeMismatchError,
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from tpu_inductor.dynamo import backend as backend_mod
+from tpu_inductor.dynamo.config import parse_options
 
 
 def _run(code: str) -> str:
@@ -52,7 +52,7 @@ def test_import_leaves_global_state_alone():
         import torch, jax
         name = torch._C._get_privateuse1_backend_name()
         dtype = torch.get_default_dtype()
-        import tpu_inductor, tpu_inductor.lowerings
+        import tpu_inductor, tpu_inductor.lowering.lowerings
         from jax._src import xla_bridge
         print(jax.config.jax_enable_x64, torch._C._get_privateuse1_backend_name() == name,
               torch.get_default_dtype() == dtype, len(xla_bridge._backends))
@@ -108,7 +108,7 @@ def test_device_option_cpu_and_env(monkeypatch):
     monkeypatch.setenv("TPU_INDUCTOR_DEVICE", "cpu")
     assert parse_options(None).device == "cpu"
     with pytest.raises(InvalidOptionError, match="JAX sees only"):
-        from tpu_inductor.devices import select_device
+        from tpu_inductor.core.devices import select_device
 
         select_device("tpu")
 
@@ -150,14 +150,14 @@ def test_custom_op_without_lowering_names_every_missing_op():
 
 
 def test_check_meta_catches_a_wrong_lowering(monkeypatch):
-    from tpu_inductor.lowerings import LOWERINGS
-    from tpu_inductor.lowerings.registry import Lowering
+    from tpu_inductor.lowering.lowerings import LOWERINGS
+    from tpu_inductor.lowering.lowerings.registry import Lowering
 
     op = torch.ops.aten.sin.default
     good = LOWERINGS[op]
     bad = Lowering(op, lambda ctx, x: (x[..., :1] * 0).astype("float16"), None, None, False)
     monkeypatch.setitem(LOWERINGS, op, bad)
-    from tpu_inductor import cache
+    from tpu_inductor.runtime import cache
 
     cache.clear()
     try:
@@ -173,7 +173,7 @@ def test_check_meta_catches_a_wrong_lowering(monkeypatch):
 def test_float64_on_tpu_is_a_clear_error():
     from torch._dynamo.backends.common import aot_autograd
 
-    from tpu_inductor.lower import check_dtypes
+    from tpu_inductor.lowering.lower import check_dtypes
 
     seen = []
 
@@ -204,7 +204,7 @@ scaled_flip.register_autograd(
 
 
 def test_eager_fallback_runs_unsupported_ops_in_torch_and_warns_once():
-    from tpu_inductor.errors import FallbackWarning
+    from tpu_inductor.core.errors import FallbackWarning
 
     def fn(x, w):
         y = (x @ w).relu()

@@ -1,4 +1,4 @@
-"""Graph breaks are said once per site (tpu_inductor/breaks.py), and a clipped, scheduled
+"""Graph breaks are said once per site (tpu_inductor/dynamo/breaks.py), and a clipped, scheduled
 ``opt.step()`` inside one compiled function becomes one program after its first call."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 import tpu_inductor
 from tests.helpers import assert_same
-from tpu_inductor import breaks
+from tpu_inductor.dynamo import breaks
 
 
 @pytest.fixture(autouse=True)
@@ -78,9 +78,12 @@ def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW):
     for _ in range(steps):
         x = torch.randn(4, 8, generator=g)
         model(x).pow(2).sum().backward()
-        before, breaks_before = len(tpu_inductor.report(False).graphs), sum(counters.values())
+        before, breaks_before = (
+            len(tpu_inductor.runtime.report(False).graphs),
+            sum(counters.values()),
+        )
         update()
-        programs.append(len(tpu_inductor.report(False).graphs) - before)
+        programs.append(len(tpu_inductor.runtime.report(False).graphs) - before)
         broke.append(sum(counters.values()) - breaks_before)
         sched.step()
         opt.zero_grad()

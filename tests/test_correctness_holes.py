@@ -12,9 +12,9 @@ import torch
 import torch.fx as fx
 
 from tests.helpers import assert_same, check_fn, compiled
-from tpu_inductor.errors import FallbackWarning, UnsupportedInputError, UnsupportedOpError
-from tpu_inductor.lower import user_frame
-from tpu_inductor.lowerings import LOWERINGS, LoweringContext
+from tpu_inductor.core.errors import FallbackWarning, UnsupportedInputError, UnsupportedOpError
+from tpu_inductor.lowering.lower import user_frame
+from tpu_inductor.lowering.lowerings import LOWERINGS, LoweringContext
 
 aten = torch.ops.aten
 
@@ -255,7 +255,7 @@ def test_boolean_mask_with_other_tensor_index_falls_back():
 
 
 def test_meta_input_is_a_clear_error_before_jax(monkeypatch):
-    import tpu_inductor.backend as backend
+    import tpu_inductor.dynamo.backend as backend
 
     def no_compile(*a, **k):
         raise AssertionError("a meta input reached compile_graph")

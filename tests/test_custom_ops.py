@@ -20,15 +20,16 @@ import torch
 from jax.experimental import pallas as pl
 
 import tpu_inductor
-from tpu_inductor import cache, custom_ops
-from tpu_inductor.capture import decomposition_table
-from tpu_inductor.errors import (
+from tpu_inductor.capture.aot import decomposition_table
+from tpu_inductor.core.errors import (
     FallbackWarning,
     LoweringOutputError,
     RegistrationError,
     UnsupportedOpError,
 )
-from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor.lowering import custom_ops
+from tpu_inductor.lowering.lowerings import LOWERINGS
+from tpu_inductor.runtime import cache
 
 aten = torch.ops.aten
 NO_FALLBACK = {"fallback": "error"}
@@ -456,7 +457,7 @@ def test_pallas_interpret_follows_the_compiled_device():
     not the host's default backend: False for a TPU or GPU graph, True for a CPU one."""
     import types
 
-    from tpu_inductor.lowerings import LoweringContext
+    from tpu_inductor.lowering.lowerings import LoweringContext
 
     seen = []
 

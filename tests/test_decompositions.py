@@ -21,8 +21,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.lowerings.operand_matrix import Case, run_cases
-from tpu_inductor import capture
-from tpu_inductor.dtypes import tolerance
+from tpu_inductor.capture import aot as capture
+from tpu_inductor.core.dtypes import tolerance
 
 aten = torch.ops.aten
 

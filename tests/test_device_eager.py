@@ -1,4 +1,4 @@
-"""Eager ops on ``keep_on_device`` state run on the device (``tpu_inductor.device_eager``).
+"""Eager ops on ``keep_on_device`` state run on the device (``tpu_inductor.runtime.device_eager``).
 
 Every loop here runs twice from the same seed: in CPU eager (the reference) and with the model
 and optimizer device-owned, the forward/backward (and where it says so the optimizer step)
@@ -19,8 +19,11 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests.helpers import tiny_llama
-from tpu_inductor import DeviceTensor, boundary, device_eager, runtime
-from tpu_inductor.transfers import D2H, H2D, TOTAL
+from tpu_inductor import DeviceTensor
+from tpu_inductor.core import boundary
+from tpu_inductor.core.transfers import D2H, H2D, TOTAL
+from tpu_inductor.runtime import call as runtime
+from tpu_inductor.runtime import device_eager
 
 X = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
 
@@ -108,7 +111,9 @@ def test_eager_clip_grad_norm_stays_on_the_device(accelerator_imports):
     _assert_same_params(ref, dev)
     # per steady-state step: the loss gradient in, the loss read out; no gradient crossed
     assert moved == [(4, 4, {(H2D, "input"): [1, 4], (D2H, "sync"): [1, 4]})] * 3, moved
-    assert "eager ops on keep_on_device state" in str(tpu_inductor.report(print_table=False))
+    assert "eager ops on keep_on_device state" in str(
+        tpu_inductor.runtime.report(print_table=False)
+    )
 
 
 def test_before_eager_ops_ran_on_the_device_clipping_moved_every_gradient(eager_ops_on_host):

@@ -13,8 +13,9 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests.helpers import tiny_llama
-from tpu_inductor import backend, cache
-from tpu_inductor.residency import VALUES
+from tpu_inductor.dynamo import backend
+from tpu_inductor.runtime import cache
+from tpu_inductor.runtime.residency import VALUES
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_compiled_optimizer_donates_parameters_and_state(donating, keep):
             loss = fn(x).square().mean()
             loss.backward()
             if m is model and i >= 1:
-                inner = tpu_inductor.device_owned.unwrap(m[0].weight)
+                inner = tpu_inductor.runtime.device_owned.unwrap(m[0].weight)
                 donated.append(VALUES.lookup(inner))
             s()
             if m is ref:

@@ -12,12 +12,14 @@ from torch._dynamo.utils import counters
 
 import tpu_inductor
 from tests.helpers import assert_same
-from tpu_inductor import cache
-from tpu_inductor.buckets import PaddingWarning, bucket
+from tpu_inductor.runtime import cache
+from tpu_inductor.runtime.buckets import PaddingWarning, bucket
 
 
 def _graphs(kind="inference"):
-    return [g for g in tpu_inductor.report(print_table=False).graphs if g.name.endswith(kind)]
+    return [
+        g for g in tpu_inductor.runtime.report(print_table=False).graphs if g.name.endswith(kind)
+    ]
 
 
 def test_twenty_batch_sizes_one_dynamo_graph_twenty_executables():
@@ -111,14 +113,14 @@ def test_bucket_sizes():
 def test_warmup_builds_executables_ahead_and_in_background():
     model = nn.Linear(4, 3).eval()
     cm = torch.compile(model, backend="tpu", dynamic=True)
-    tpu_inductor.warmup(cm, [(2, 4), (3, 4), (5, 4)])
+    tpu_inductor.dynamo.warmup(cm, [(2, 4), (3, 4), (5, 4)])
     builds = sum(len(g.builds) for g in _graphs())
     with torch.no_grad():
         for n in (2, 3, 5):
             x = torch.randn(n, 4)
             assert_same(cm(x), model(x))
     assert sum(len(g.builds) for g in _graphs()) == builds, "a warmed-up shape was rebuilt"
-    future = tpu_inductor.warmup(cm, [(7, 4)], background=True)
+    future = tpu_inductor.dynamo.warmup(cm, [(7, 4)], background=True)
     assert future.result(timeout=300) == 1
 
 
@@ -152,8 +154,8 @@ def test_threads_share_one_compile_per_executable():
 
 @pytest.mark.parametrize("bad", [{"pad_to": "pow3"}, {"max_executables": 0}])
 def test_bad_shape_options(bad):
-    from tpu_inductor.config import parse_options
-    from tpu_inductor.errors import InvalidOptionError
+    from tpu_inductor.core.errors import InvalidOptionError
+    from tpu_inductor.dynamo.config import parse_options
 
     with pytest.raises(InvalidOptionError):
         parse_options(bad)

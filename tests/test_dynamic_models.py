@@ -47,7 +47,7 @@ def test_dynamic_model_one_graph_no_islands_no_rebuilds(name):
 
 def test_pad_to_pow2_decoder_shares_executables():
     import tpu_inductor
-    from tpu_inductor.buckets import PaddingWarning
+    from tpu_inductor.runtime.buckets import PaddingWarning
 
     case = _BY_NAME["llama"]
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ def test_pad_to_pow2_decoder_shares_executables():
             torch.testing.assert_close(
                 cm(**kw).logits, model(**kw).logits, atol=case.atol, rtol=case.rtol
             )
-    graphs = tpu_inductor.report(print_table=False).graphs
+    graphs = tpu_inductor.runtime.report(print_table=False).graphs
     executables = sum(g.executables for g in graphs)
     assert executables == 4 < len(sizes), [(g.name, g.builds) for g in graphs]
 
@@ -95,7 +95,7 @@ def _traced_graph():
 
 
 def test_untraced_node_takes_its_consumers_source_line():
-    from tpu_inductor.lower import user_frame
+    from tpu_inductor.lowering.lower import user_frame
 
     gm, cos = _traced_graph()
     assert user_frame(cos) == 'File "user.py", line 3, in forward: y = torch.sin(h)'
@@ -105,11 +105,11 @@ def test_untraced_node_takes_its_consumers_source_line():
 
 
 def test_fallback_warning_names_the_consumers_line_not_an_islands():
-    from tpu_inductor.errors import FallbackWarning
-    from tpu_inductor.partition import split_for_fallback
+    from tpu_inductor.capture.partition import split_for_fallback
+    from tpu_inductor.core.errors import FallbackWarning
 
     gm, cos = _traced_graph()
-    from tpu_inductor.lower import user_frame
+    from tpu_inductor.lowering.lower import user_frame
 
     with pytest.warns(FallbackWarning) as rec:
         split_for_fallback(
@@ -126,7 +126,7 @@ def test_symbolic_scalar_arithmetic_is_lowered():
     used as a tensor: no fallback, one graph, matches eager at three sizes."""
     import math
 
-    from tpu_inductor.errors import FallbackWarning
+    from tpu_inductor.core.errors import FallbackWarning
 
     def f(x, scale: float):
         n = x.shape[1]
@@ -175,7 +175,7 @@ def test_assert_async_is_checked_not_reported_missing():
     pass drops ``_assert_async`` without a message from ATen graphs (only ``.msg`` is in
     ``torch.fx.node._side_effectful_functions``, torch 2.13), so only the message form reaches a
     backend; its lowering is checked directly."""
-    from tpu_inductor.lowerings import LOWERINGS, LoweringContext
+    from tpu_inductor.lowering.lowerings import LOWERINGS, LoweringContext
 
     def f(x):
         torch._assert_async(torch.tensor(x.shape[0] > 2), "too short")
@@ -185,7 +185,7 @@ def test_assert_async_is_checked_not_reported_missing():
 
     torch._dynamo.reset()
     cf = torch.compile(f, backend="tpu", dynamic=True, options={"fallback": "error"})
-    from tpu_inductor.transfers import D2H, TOTAL
+    from tpu_inductor.core.transfers import D2H, TOTAL
 
     for n in (3, 5):
         assert_same(cf(torch.ones(n)), f(torch.ones(n)))

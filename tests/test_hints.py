@@ -1,4 +1,4 @@
-"""Recompile hints (``tpu_inductor.hints``): a growing input or a last batch of another size is
+"""Recompile hints (``tpu_inductor.core.hints``): a growing input or a last batch of another size is
 named once on the progress logger with what to do; a few sizes that come and go are not."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests.helpers import tiny_llama
-from tpu_inductor import hints
+from tpu_inductor.core import hints
 
 PROGRESS = "tpu_inductor.progress"
 

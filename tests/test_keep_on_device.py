@@ -13,8 +13,9 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests.helpers import tiny_llama
-from tpu_inductor import DeviceTensor, cache
-from tpu_inductor.transfers import D2H, H2D, TOTAL
+from tpu_inductor import DeviceTensor
+from tpu_inductor.core.transfers import D2H, H2D, TOTAL
+from tpu_inductor.runtime import cache
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -267,8 +268,8 @@ def test_transformers_llama_training_and_generate_match_eager():
 def test_no_growth_over_many_steps():
     import jax
 
-    from tpu_inductor import device_owned
-    from tpu_inductor.residency import VALUES
+    from tpu_inductor.runtime import device_owned
+    from tpu_inductor.runtime.residency import VALUES
 
     (ref, ref_opt), (dev, opt, loss_fn, step) = _pair(torch.optim.SGD, momentum=0.9)
 

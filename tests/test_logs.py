@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from tpu_inductor import runtime
+from tpu_inductor.runtime import call as runtime
 
 SCRIPT = (
     "import torch\n"
@@ -31,13 +31,13 @@ def _logs(setting: str) -> str:
 
 def test_torch_logs_switches_each_topic():
     everything = _logs("+tpu_inductor")
-    assert "built executable #1 (first call)" in everything  # tpu_inductor.runtime
-    assert "inference graph, 4 nodes, lowered in" in everything  # tpu_inductor.backend
-    assert "host->device 12 B (input)" in everything  # tpu_inductor.transfers, first call
-    transfers = _logs("tpu_inductor.transfers")
+    assert "built executable #1 (first call)" in everything  # tpu_inductor.runtime.call
+    assert "inference graph, 4 nodes, lowered in" in everything  # tpu_inductor.dynamo.backend
+    assert "host->device 12 B (input)" in everything  # tpu_inductor.core.transfers, first call
+    transfers = _logs("tpu_inductor.core.transfers")
     assert "host->device 12 B (input)" in transfers and "built executable" not in transfers
     assert transfers.count("host->device") == 1  # INFO: the first call only, not the second
-    executables = _logs("tpu_inductor.runtime")
+    executables = _logs("tpu_inductor.runtime.call")
     assert "built executable #1 (first call)" in executables and "->" not in executables
 
 
@@ -48,7 +48,7 @@ def test_fallbacks_are_logged_by_topic(caplog):
 
     shuffle.register_fake(lambda x: torch.empty_like(x))
     f = torch.compile(lambda x: shuffle(x.sin()) * 2, backend="tpu")
-    with caplog.at_level(logging.INFO, logger="tpu_inductor.partition"):
+    with caplog.at_level(logging.INFO, logger="tpu_inductor.capture.partition"):
         import warnings
 
         with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""Compiled optimizer steps with learning-rate schedulers (``tpu_inductor/optimizers.py``): every
+"""Compiled optimizer steps with learning-rate schedulers (``tpu_inductor/dynamo/optimizers.py``): every
 torch and transformers scheduler, warmup from lr = 0 included, gives eager's parameters with a
 compiled ``opt.step`` and never recompiles it; torch's capturable-Adam NaN at lr = 0 is
 repaired; a float lr that changes says what to do."""
@@ -15,8 +15,8 @@ from torch.optim import lr_scheduler as S
 
 import tpu_inductor
 from tests.helpers import assert_same
-from tpu_inductor import optimizers
-from tpu_inductor.transfers import D2H, H2D, TOTAL
+from tpu_inductor.core.transfers import D2H, H2D, TOTAL
+from tpu_inductor.dynamo import optimizers
 
 STEPS = 6
 

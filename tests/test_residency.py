@@ -18,9 +18,9 @@ import torch.utils.checkpoint
 
 import tpu_inductor
 from tests.helpers import assert_same, tiny_llama
-from tpu_inductor import residency
-from tpu_inductor.cache import STATS as cache_stats
-from tpu_inductor.transfers import D2H, H2D, TOTAL
+from tpu_inductor.core.transfers import D2H, H2D, TOTAL
+from tpu_inductor.runtime import residency
+from tpu_inductor.runtime.cache import STATS as cache_stats
 
 INPLACE = "one of the variables needed for gradient computation has been modified by an inplace"
 
@@ -47,7 +47,7 @@ def _assert_no_growth(early, late, what: str) -> None:
 
 def _graph_transfers() -> dict:
     """Each lowered graph's cumulative crossings, by graph name."""
-    return {g.name: g.transfers for g in tpu_inductor.report(print_table=False).graphs}
+    return {g.name: g.transfers for g in tpu_inductor.runtime.report(print_table=False).graphs}
 
 
 def _graph_deltas(before: dict, after: dict) -> dict:

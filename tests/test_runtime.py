@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from tests.helpers import assert_same, check_fn, compiled
-from tpu_inductor import cache
+from tpu_inductor.runtime import cache
 
 # --- dtypes ---------------------------------------------------------------------------------------
 
@@ -142,7 +142,7 @@ class _CountDirect:
     """Counts calls that reach a graph without AOTAutograd's runtime wrapper."""
 
     def __init__(self, monkeypatch):
-        from tpu_inductor.runtime import CompiledGraph
+        from tpu_inductor.runtime.call import CompiledGraph
 
         self.calls = 0
         original = CompiledGraph.call_unboxed
@@ -236,7 +236,7 @@ def test_in_place_on_int64_input_beyond_int32():
 
 
 def _resident_imports() -> int:
-    from tpu_inductor.transfers import H2D, TOTAL
+    from tpu_inductor.core.transfers import H2D, TOTAL
 
     return TOTAL.count(H2D, "resident")
 
@@ -271,7 +271,7 @@ def test_weights_on_cpu_are_not_copied():
     cm = torch.compile(model, backend="tpu")
     with torch.no_grad():
         cm(torch.randn(2, 16))
-    from tpu_inductor.residency import VALUES
+    from tpu_inductor.runtime.residency import VALUES
 
     for p in (model.weight, model.bias):
         arr = VALUES.lookup(p)
@@ -344,7 +344,7 @@ def test_persistent_cache_dir_warm_start_in_a_new_process(tmp_path):
         "with torch.no_grad():\n"
         "    out = f(x); ref = m(x)\n"
         "torch.testing.assert_close(out, ref)\n"
-        "print(tpu_inductor.cache.STATS.exports_loaded)\n"
+        "print(tpu_inductor.runtime.cache.STATS.exports_loaded)\n"
     )
     runs = []
     for _ in range(2):
@@ -364,7 +364,7 @@ def test_jax_sees_x64_only_inside_calls():
 
 
 def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
-    from tpu_inductor import devices
+    from tpu_inductor.core import devices
 
     seen = []
     original = jax.stages.Lowered.compile
@@ -387,7 +387,7 @@ def test_cpu_executables_are_compiled_with_the_cpu_options(monkeypatch):
 
 
 def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):
-    from tpu_inductor import devices
+    from tpu_inductor.core import devices
 
     monkeypatch.setattr(devices, "CPU_INFERENCE_OPTIONS", {"xla_cpu_no_such_option": "1"})
     monkeypatch.setattr(devices, "_rejected_options", set())
@@ -400,7 +400,7 @@ def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):
 
 
 def test_inference_call_moves_exactly_its_input_and_output():
-    from tpu_inductor.transfers import D2H, H2D, TOTAL
+    from tpu_inductor.core.transfers import D2H, H2D, TOTAL
 
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
     cm = torch.compile(model, backend="tpu")
@@ -415,7 +415,7 @@ def test_inference_call_moves_exactly_its_input_and_output():
 
 
 def test_training_step_sends_nothing_in_steady_state():
-    from tpu_inductor.transfers import H2D, TOTAL
+    from tpu_inductor.core.transfers import H2D, TOTAL
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 import tpu_inductor
-from tpu_inductor.dtypes import tolerance
+from tpu_inductor.core.dtypes import tolerance
 
 transformers = pytest.importorskip("transformers")
 
 ATOL, RTOL = tolerance(torch.float32, level="op")
 SCAN = {"scan_layers": True}
-LOGGER = "tpu_inductor.scan_layers"
+LOGGER = "tpu_inductor.lowering.scan_layers"
 
 
 def _llama(layers=4, **overrides):
@@ -206,11 +206,11 @@ def test_dropout_in_layers_stays_unrolled(caplog):
 
 
 def test_option_and_environment(monkeypatch):
-    from tpu_inductor.config import parse_options
+    from tpu_inductor.dynamo.config import parse_options
 
     assert parse_options(None).scan_layers is False
     assert parse_options({"scan_layers": True}).scan_layers is True
     monkeypatch.setenv("TPU_INDUCTOR_SCAN_LAYERS", "1")
     assert parse_options(None).scan_layers is True
-    with pytest.raises(tpu_inductor.errors.InvalidOptionError, match="scan_layers"):
+    with pytest.raises(tpu_inductor.core.errors.InvalidOptionError, match="scan_layers"):
         parse_options({"scan_layers": "yes"})

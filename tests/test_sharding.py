@@ -19,7 +19,7 @@ import torch
 from jax.sharding import PartitionSpec as P
 
 import tpu_inductor
-from tpu_inductor.sharding import module_path
+from tpu_inductor.runtime.sharding import module_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,13 +51,13 @@ def test_option_errors_list_every_problem():
 )
 def test_bad_mesh_or_plan(options, message):
     with pytest.raises(tpu_inductor.InvalidOptionError, match=message):
-        tpu_inductor.config.parse_options(options)
+        tpu_inductor.dynamo.config.parse_options(options)
 
 
 def test_tp_needs_a_model_axis():
     mesh = jax.make_mesh((1,), ("data",))
     with pytest.raises(tpu_inductor.InvalidOptionError, match="needs a mesh axis named 'model'"):
-        tpu_inductor.config.parse_options({"mesh": mesh, "shardings": "tp"})
+        tpu_inductor.dynamo.config.parse_options({"mesh": mesh, "shardings": "tp"})
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_one_device_mesh_trains_like_eager(plan):
         opt_c.zero_grad()
     for pe, pc in zip(eager.parameters(), comp.parameters(), strict=True):
         torch.testing.assert_close(pc.detach(), pe.detach(), atol=1e-6, rtol=1e-5)
-    assert tpu_inductor.report(print_table=False).resident_bytes_per_device
+    assert tpu_inductor.runtime.report(print_table=False).resident_bytes_per_device
 
 
 def test_sharded_training_on_8_devices():

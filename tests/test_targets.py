@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import tpu_inductor
-from tpu_inductor import targets
-from tpu_inductor.errors import InvalidOptionError
+from tpu_inductor.core.errors import InvalidOptionError
+from tpu_inductor.tpu import targets
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
@@ -137,7 +137,7 @@ def test_program_names_module_path_aten_op_and_source_line(tmp_path):
 
 
 def test_report_of_no_target_says_how_to_get_one():
-    assert "options={'target'" in str(tpu_inductor.tpu_report(print_table=False))
+    assert "options={'target'" in str(tpu_inductor.tpu.tpu_report(print_table=False))
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ ENTRY %main {
 
 
 def test_collectives_are_read_from_every_replica_group_spelling():
-    from tpu_inductor import hlo
+    from tpu_inductor.tpu import hlo
 
     ops = hlo.collectives(_HLO, 4)
     got = [(c.kind, c.bytes, c.group) for c in ops]
@@ -198,7 +198,7 @@ def test_collectives_are_read_from_every_replica_group_spelling():
 def test_bound_says_ici_when_collectives_dominate():
     from jax.sharding import Mesh
 
-    from tpu_inductor import hlo, programs
+    from tpu_inductor.tpu import hlo, programs
 
     chip = targets.CHIPS["v5e"]
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import tpu_inductor
-from tpu_inductor import cache
-from tpu_inductor.dtypes import tolerance
+from tpu_inductor.core.dtypes import tolerance
+from tpu_inductor.runtime import cache
 
 ATOL, RTOL = tolerance(torch.float32, level="op")
 
@@ -200,7 +200,7 @@ def test_checkpointed_llama_step_is_one_program_with_eager_numbers(choice):
     # refused SDPA (tagged random for its dropout) even at dropout_p=0.0; compile_step tells it
     # attention without dropout is deterministic (train_step._deterministic_attention_recompute).
     transformers = pytest.importorskip("transformers")
-    from tpu_inductor.planning import checkpoint_blocks
+    from tpu_inductor.training.planning import checkpoint_blocks
 
     config = transformers.LlamaConfig(
         hidden_size=32,

@@ -12,8 +12,8 @@ import torch
 
 import tpu_inductor
 from tests.helpers import assert_same, tiny_llama
-from tpu_inductor.dtypes import tolerance
-from tpu_inductor.transfers import D2H, H2D, TOTAL
+from tpu_inductor.core.dtypes import tolerance
+from tpu_inductor.core.transfers import D2H, H2D, TOTAL
 
 transformers = pytest.importorskip("transformers")
 
@@ -113,7 +113,7 @@ def test_autocast_bf16_in_compiled_forward_and_backward():
     atol, rtol = tolerance(torch.bfloat16)
     e_loss, e_grads = grads(False)
     loss, c_grads = grads(True)
-    graphs = [g.name.split("-")[1] for g in tpu_inductor.report(False).graphs]
+    graphs = [g.name.split("-")[1] for g in tpu_inductor.runtime.report(False).graphs]
     assert graphs == ["forward", "backward"], graphs
     f32_loss, _ = grads(False, bf16=False)
     assert_same(loss, e_loss, atol, rtol)
@@ -180,4 +180,4 @@ def test_trainer_trains_like_eager(mode):
     atol, rtol = tolerance(torch.float32)
     assert_same(losses, e_losses, atol, rtol, what="losses")
     assert_same(params, e_params, atol, rtol, what="params")
-    assert not tpu_inductor.report(False).fallback_ops
+    assert not tpu_inductor.runtime.report(False).fallback_ops

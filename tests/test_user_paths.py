@@ -9,8 +9,8 @@ import torch
 
 import tpu_inductor
 from tests.helpers import assert_same, tiny_llama
-from tpu_inductor.config import MODES, parse_options
-from tpu_inductor.errors import InvalidOptionError
+from tpu_inductor.core.errors import InvalidOptionError
+from tpu_inductor.dynamo.config import MODES, parse_options
 
 NEW_TOKENS = 8
 
@@ -28,7 +28,7 @@ def _generate(model, ids, **kwargs):
 
 
 def _graphs() -> int:
-    return tpu_inductor.cache.STATS.graphs
+    return tpu_inductor.runtime.cache.STATS.graphs
 
 
 def _llama_and_prompt():
@@ -51,7 +51,9 @@ def test_generate_with_transformers_compile_config():
         actual = _generate(model, ids, compile_config=transformers.CompileConfig(backend="tpu"))
         assert torch.equal(actual, expected), f"{actual}\n!=\n{expected}"
         assert _graphs() >= 1, "generate() did not compile through tpu-inductor"
-        assert any("inference" in g.name for g in tpu_inductor.report(print_table=False).graphs)
+        assert any(
+            "inference" in g.name for g in tpu_inductor.runtime.report(print_table=False).graphs
+        )
         # options with CompileConfig's default mode: torch alone refuses mode and options.
         with_options = transformers.CompileConfig(backend="tpu", options={"device": "cpu"})
         assert torch.equal(_generate(model, ids, compile_config=with_options), expected)

@@ -8,20 +8,13 @@ Importing this package has no global side effects: it does not enable ``jax_enab
 rename PrivateUse1, change torch defaults or start a JAX backend.
 """
 
-from tpu_inductor import cache, debug, testing
+from tpu_inductor import debug, testing
 
 # tpu_inductor.transformers.enable(model); left out of __all__ so that a star import never
 # shadows the transformers package itself. It imports transformers only when called.
 from tpu_inductor import transformers as transformers
-from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
-from tpu_inductor.custom_ops import (
-    pallas_interpret,
-    register_lowering,
-    registered_lowering,
-    unregister_lowering,
-)
-from tpu_inductor.device_owned import DeviceTensor, keep_on_device
-from tpu_inductor.errors import (
+from tpu_inductor.core import VERSION
+from tpu_inductor.core.errors import (
     FallbackWarning,
     InvalidOptionError,
     LoweringError,
@@ -34,16 +27,23 @@ from tpu_inductor.errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
-from tpu_inductor.planning import largest_batch
-from tpu_inductor.report import report
-from tpu_inductor.targets import Target, tpu_target
-from tpu_inductor.tpu_report import tpu_report
-from tpu_inductor.train_step import compile_step
-from tpu_inductor.warmup import warmup
+from tpu_inductor.dynamo.backend import reset, tpu_backend, tpu_inductor_backend
+from tpu_inductor.dynamo.warmup import warmup
+from tpu_inductor.lowering.custom_ops import (
+    pallas_interpret,
+    register_lowering,
+    registered_lowering,
+    unregister_lowering,
+)
+from tpu_inductor.runtime import cache as cache
+from tpu_inductor.runtime.device_owned import DeviceTensor, keep_on_device
+from tpu_inductor.runtime.report import report
+from tpu_inductor.tpu.targets import Target, tpu_target
+from tpu_inductor.tpu.tpu_report import tpu_report
+from tpu_inductor.training.planning import largest_batch
+from tpu_inductor.training.train_step import compile_step
 
-reset = cache.clear
-
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "DeviceTensor",

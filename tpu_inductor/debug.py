@@ -1,4 +1,4 @@
-"""Seeing and checking what the compiler did: graph dumps and the divergence locator.
+"""Checking what the compiler did: the divergence locator (graph dumps: ``options={"dump_dir"}``).
 
 ``find_divergence(fn, *args)`` captures the ATen graphs the backend would compile for ``fn``,
 then runs each graph node by node: every node is executed in torch on CPU and, fed the same
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,20 +21,11 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.node import map_arg
 
-from tpu_inductor.boundary import tensor_to_jax
-from tpu_inductor.capture import decomposition_table
-from tpu_inductor.dtypes import tolerance
-from tpu_inductor.lower import PRECISIONS, _meta_of, describe_node, user_frame
-from tpu_inductor.lowerings import LOWERINGS, LoweringContext
-
-
-def dump_graph(root: str, name: str, gm: fx.GraphModule) -> pathlib.Path:
-    """Write ``gm``'s FX code and readable graph under ``root/name``; returns that folder."""
-    folder = pathlib.Path(root) / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "fx_graph.py").write_text(gm.code)
-    (folder / "fx_graph.txt").write_text(gm.print_readable(print_output=False))
-    return folder
+from tpu_inductor.capture.aot import decomposition_table
+from tpu_inductor.core.boundary import tensor_to_jax
+from tpu_inductor.core.dtypes import tolerance
+from tpu_inductor.lowering.lower import PRECISIONS, _meta_of, describe_node, user_frame
+from tpu_inductor.lowering.lowerings import LOWERINGS, LoweringContext
 
 
 @dataclasses.dataclass

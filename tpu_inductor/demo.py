@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         print(min(times), _spread(times))
         return 0
 
-    from tpu_inductor.devices import select_device
+    from tpu_inductor.core.devices import select_device
 
     torch.manual_seed(0)
     model = TinyDecoder(seq=args.seq).eval()

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from tpu_inductor.core.dtypes import tolerance
 from tpu_inductor.debug import _loss, find_divergence
-from tpu_inductor.dtypes import tolerance
 
 
 def assert_matches_cpu(

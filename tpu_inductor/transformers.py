@@ -26,8 +26,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpu_inductor.config import parse_options
-from tpu_inductor.errors import InvalidOptionError
+from tpu_inductor.core.errors import InvalidOptionError
+from tpu_inductor.dynamo.config import parse_options
 
 #: backend names and functions that are this backend.
 BACKEND_NAMES = ("tpu", "tpu_inductor")
@@ -97,7 +97,7 @@ def is_ours(backend: Any) -> bool:
     """Whether ``backend`` (a ``torch.compile`` backend name or function) is tpu-inductor."""
     if isinstance(backend, str):
         return backend in BACKEND_NAMES
-    from tpu_inductor.backend import tpu_backend, tpu_inductor_backend
+    from tpu_inductor.dynamo.backend import tpu_backend, tpu_inductor_backend
 
     return backend in (tpu_backend, tpu_inductor_backend)
 

@@ -10,9 +10,9 @@ import functools
 import torch
 from torch._ops import OpOverload
 
-from tpu_inductor.capture import decomposition_table
-from tpu_inductor.lowerings import LOWERINGS
-from tpu_inductor.lowerings.unsupported import UNSUPPORTED
+from tpu_inductor.capture.aot import decomposition_table
+from tpu_inductor.lowering.lowerings import LOWERINGS
+from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED
 
 aten = torch.ops.aten
 

@@ -7,7 +7,7 @@ cannot go stale), no other dtype may fail, and the failure must be of the row's 
 
 - ``capture``: Dynamo/AOTAutograd cannot capture it with ``fullgraph=True`` (``aot_eager`` fails
   the same way), so it does not count against tpu-inductor; the error is "dynamo can't capture".
-- ``by design``: an op ``tpu_inductor/lowerings/unsupported.py`` refuses with the reason and the
+- ``by design``: an op ``tpu_inductor/lowering/lowerings/unsupported.py`` refuses with the reason and the
   fix (data-dependent output shapes); outside ``fallback="error"`` it runs in eager.
 - ``dtype``: a dtype JAX has no equivalent of.
 - ``gap``: could be lowered and is not yet; the cause says what it would take.

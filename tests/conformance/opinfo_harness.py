@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from tpu_inductor.dtypes import TOLERANCES
+from tpu_inductor.core.dtypes import TOLERANCES
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_FAILURES_FILE = HERE / "expected_failures.py"
@@ -38,7 +38,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 # (atol, rtol) per output dtype (exact for the rest): the "op" level of the one tolerance table,
-# tpu_inductor.dtypes.TOLERANCES; per-entry overrides live in tolerances.py.
+# tpu_inductor.core.dtypes.TOLERANCES; per-entry overrides live in tolerances.py.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     dtype: levels["op"] for dtype, levels in TOLERANCES.items()
 }
@@ -438,7 +438,7 @@ def classify(e: BaseException) -> str:
     """
     from torch._dynamo import exc as dexc
 
-    from tpu_inductor import errors
+    from tpu_inductor.core import errors
 
     inner = e
     while isinstance(inner, dexc.BackendCompilerFailed):
@@ -701,7 +701,7 @@ def expected_failure(table: dict, key: str, dtype_name: str) -> tuple[str, str] 
 
 def kind_problem(kind: str, reason: str) -> str | None:
     """Why a failure's classified ``reason`` is not of the table's ``kind`` (None if it is)."""
-    from tpu_inductor.lowerings.unsupported import UNSUPPORTED
+    from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED
 
     if kind == "capture" and not reason.startswith(("dynamo can't capture", "capture:")):
         return "a capture failure fails with aot_eager too, but this fails in tpu-inductor"

@@ -3,12 +3,12 @@
 Core ATen is the opset AOTAutograd decomposes to (schemas tagged ``torch.Tag.core``; 193
 overloads in torch 2.13). An overload is accounted for when:
 
-- it has a lowering (``tpu_inductor.lowerings.LOWERINGS``);
-- ``tpu_inductor.capture.decomposition_table()`` decomposes it;
+- it has a lowering (``tpu_inductor.lowering.lowerings.LOWERINGS``);
+- ``tpu_inductor.capture.aot.decomposition_table()`` decomposes it;
 - it is CompositeImplicitAutograd: tracing always decomposes it, so no backend receives it;
 - it is an ``out=`` overload and a functional overload of the same op is accounted for
   (functionalization replaces one with the other);
-- ``tpu_inductor.lowerings.unsupported.UNSUPPORTED`` gives the reason it is not supported.
+- ``tpu_inductor.lowering.lowerings.unsupported.UNSUPPORTED`` gives the reason it is not supported.
 
 ``KNOWN_MISSING`` lists the overloads that are none of these yet; each is an expected failure
 (strict: when one gets covered, the test says to delete its row).
@@ -22,10 +22,10 @@ import torch.fx as fx
 from core_aten import core_aten_overloads, coverage  # tests/conformance is on sys.path
 from torch._ops import OpOverload
 
-from tpu_inductor.errors import UnsupportedOpError
-from tpu_inductor.lower import check_supported
-from tpu_inductor.lowerings import LOWERINGS
-from tpu_inductor.lowerings.unsupported import UNSUPPORTED
+from tpu_inductor.core.errors import UnsupportedOpError
+from tpu_inductor.lowering.lower import check_supported
+from tpu_inductor.lowering.lowerings import LOWERINGS
+from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED
 
 aten = torch.ops.aten
 
@@ -71,7 +71,9 @@ def test_core_op_is_accounted_for(op):
 def test_unsupported_rows_are_not_lowered():
     """An op with a lowering must not also be listed as unsupported."""
     both = [str(op) for op in UNSUPPORTED if op in LOWERINGS]
-    assert not both, f"lowered now, delete from tpu_inductor/lowerings/unsupported.py: {both}"
+    assert not both, (
+        f"lowered now, delete from tpu_inductor/lowering/lowerings/unsupported.py: {both}"
+    )
 
 
 def test_unsupported_reasons_say_what_to_do():

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from tpu_inductor.backend import tpu_backend
-from tpu_inductor.dtypes import TORCH_TO_JAX, tolerance
+from tpu_inductor.core.dtypes import TORCH_TO_JAX, tolerance
+from tpu_inductor.dynamo.backend import tpu_backend
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torch.nn.attention.flex_attention import (
 
 import tpu_inductor
 from tests.helpers import compiled, tiny_llama
-from tpu_inductor.lowerings import LOWERINGS
+from tpu_inductor.lowering.lowerings import LOWERINGS
 
 B, H, S, D = 2, 4, 24, 8
 TOL = {"atol": 2e-5, "rtol": 1e-4}

@@ -22,8 +22,8 @@ from jax import lax
 
 from tests.helpers import compiled, one_torch_thread
 from tests.models.harness import compare, run_forward, run_training
-from tpu_inductor.errors import FallbackWarning
-from tpu_inductor.lowerings.grouped import ragged_mm
+from tpu_inductor.core.errors import FallbackWarning
+from tpu_inductor.lowering.lowerings.grouped import ragged_mm
 
 G = 4
 # Cumulative group ends: an empty first and third group, and a tail past offs[-1] that no group
@@ -179,7 +179,7 @@ def test_transformers_grouped_mm_fallback(dtype, offs_dtype):
 def test_lowering_registered_by_name_binds_on_first_lookup():
     """A custom op's lowering may be registered by its qualified name before its library
     exists; it is bound when a graph first holds the op."""
-    from tpu_inductor.lowerings import LOWERINGS, register_lowering
+    from tpu_inductor.lowering.lowerings import LOWERINGS, register_lowering
 
     name = "tpu_inductor_test_moe::triple.default"
 
@@ -328,7 +328,7 @@ def test_qwen3_moe_bfloat16_uses_grouped_mm(monkeypatch):
     """In bfloat16 transformers calls ``torch._grouped_mm`` itself (the op torch.compile can
     trace): the compiled forward lowers it and matches eager's CPU kernel."""
     pytest.importorskip("transformers")
-    from tpu_inductor.lowerings import LOWERINGS
+    from tpu_inductor.lowering.lowerings import LOWERINGS
 
     op = torch.ops.aten._grouped_mm.default
     low, calls = LOWERINGS[op], []

@@ -1,4 +1,4 @@
-"""What eager refuses, the compiled program refuses (issue 29.3; tpu_inductor/refusals.py).
+"""What eager refuses, the compiled program refuses (issue 29.3; tpu_inductor/lowering/refusals.py).
 
 Each refused case runs in CPU eager (must raise) and compiled (must raise EagerRefusalError whose
 message holds eager's key phrase and this file's line of the case). Each control case is one
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import check_fn, compiled
-from tpu_inductor import refusals
-from tpu_inductor.errors import EagerRefusalError
+from tpu_inductor.core.errors import EagerRefusalError
+from tpu_inductor.lowering import refusals
 
 
 def f32(*s):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.lowerings.operand_matrix import COMPLEX_NONFINITE, Case, run_cases
-from tpu_inductor.lowerings import pointwise, special
+from tpu_inductor.lowering.lowerings import pointwise, special
 
 aten = torch.ops.aten
 
@@ -308,7 +308,7 @@ def test_issue_23_int_base_float_exponent():
 def test_no_jax_dtype_is_a_clear_error():
     """``float16 + 1j`` is complex32 in torch, which JAX has no dtype for: an
     UnsupportedDtypeError naming the dtype, never a silently different dtype."""
-    from tpu_inductor.errors import UnsupportedDtypeError
+    from tpu_inductor.core.errors import UnsupportedDtypeError
 
     x = torch.tensor([1.0, 2.0], dtype=torch.float16)
     assert (x + 1j).dtype == torch.complex32

@@ -24,7 +24,7 @@ from torch.nn.attention.flex_attention import (
 
 from tests.helpers import compiled
 from tests.lowerings.test_flex_attention import dense_reference
-from tpu_inductor.lowerings import splash_attention
+from tpu_inductor.lowering.lowerings import splash_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -254,7 +254,7 @@ def test_blocks_of_one_head_under_a_per_head_mask_are_read_as_the_kernels_read_t
 
 def test_block_check_rule():
     # _blocks_agree on concrete tensors: 2 x 2 blocks of 128 over a causal mask_mod
-    from tpu_inductor.lowerings.flex_attention import _block_layout, _blocks_agree
+    from tpu_inductor.lowering.lowerings.flex_attention import _block_layout, _blocks_agree
 
     static = np.tril(np.ones((S, S), np.bool_))[None]
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import assert_same, compiled
-from tpu_inductor.errors import CompileError, LoweringError
+from tpu_inductor.core.errors import CompileError, LoweringError
 
 X = torch.arange(30.0).reshape(5, 6)
 S = torch.tensor(2)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-import tpu_inductor.cache
-from tpu_inductor.errors import FallbackWarning
+import tpu_inductor.runtime.cache
+from tpu_inductor.core.errors import FallbackWarning
 
 # (model, forward kwargs); the model comes back in eval mode with every dropout probability 0.
 Built = tuple[nn.Module, dict[str, Any]]
@@ -144,14 +144,14 @@ class _Counting:
     def __enter__(self):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        self._graphs = tpu_inductor.cache.STATS.graphs
+        self._graphs = tpu_inductor.runtime.cache.STATS.graphs
         return self
 
     def __exit__(self, *exc):
         counters = torch._dynamo.utils.counters
         self.dynamo_graphs = int(counters["stats"]["unique_graphs"])
         self.graph_breaks = int(sum(counters["graph_break"].values()))
-        self.backend_graphs = tpu_inductor.cache.STATS.graphs - self._graphs
+        self.backend_graphs = tpu_inductor.runtime.cache.STATS.graphs - self._graphs
         return False
 
 
@@ -276,7 +276,7 @@ class TargetResult:
     """What compiling one model for a TPU target found (``run_target``).
 
     Attributes:
-        programs: ``tpu_inductor.programs.Program`` s compiled, in order (forward, backward,
+        programs: ``tpu_inductor.tpu.programs.Program`` s compiled, in order (forward, backward,
             optimizer for a training step; the inference forward otherwise).
         seconds: wall time of the whole compile-only run (Dynamo, AOTAutograd, lowering and
             every TPU compile).
@@ -293,7 +293,7 @@ def run_target(case: ModelCase, target: str, train: bool = False, **options) -> 
     """Compile ``case`` for a TPU ``target`` (``options={"target": ...}``): its inference
     forward, or with ``train`` a training step (loss, backward, a compiled AdamW step), and
     compare each output's shape and dtype with CPU eager's. Nothing runs on the target."""
-    from tpu_inductor import programs
+    from tpu_inductor.tpu import programs
 
     torch.manual_seed(0)
     model, kwargs = case.build(train)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tpu_inductor.cache
+import tpu_inductor.runtime.cache
 from tests.models.test_transformers import DECODER
 
 transformers = pytest.importorskip("transformers")
@@ -60,7 +60,7 @@ class _Compiles:
 
     def __enter__(self):
         counters = torch._dynamo.utils.counters
-        stats = tpu_inductor.cache.STATS
+        stats = tpu_inductor.runtime.cache.STATS
         self._start = (
             counters["frames"]["ok"],
             counters["stats"]["unique_graphs"],
@@ -71,7 +71,7 @@ class _Compiles:
 
     def __exit__(self, *exc):
         counters = torch._dynamo.utils.counters
-        stats = tpu_inductor.cache.STATS
+        stats = tpu_inductor.runtime.cache.STATS
         now = (
             counters["frames"]["ok"],
             counters["stats"]["unique_graphs"],

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import tpu_inductor.backend as tpu_backend
+import tpu_inductor.dynamo.backend as tpu_backend
 from tests.helpers import assert_same, check_fn, check_module_training, compiled
 
 aten = torch.ops.aten

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from tpu_inductor import targets
-from tpu_inductor.planning import _Search, causal_lm_loss, largest_batch, token_ids
+from tpu_inductor.tpu import targets
+from tpu_inductor.training.planning import _Search, causal_lm_loss, largest_batch, token_ids
 
 pytestmark = pytest.mark.tpu_compile
 transformers = pytest.importorskip("transformers")

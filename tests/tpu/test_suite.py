@@ -21,7 +21,7 @@ from tests.helpers import tiny_llama
 from tests.lowerings import test_flex_attention, test_grouped
 from tests.models import test_diffusers, test_transformers
 from tests.models.harness import run_target
-from tpu_inductor import programs
+from tpu_inductor.tpu import programs
 
 TARGETS = ("v5e", "v6e")
 # family -> (suite model, train): encoder, decoder (MHA, GQA), MoE, seq2seq, ViT, CNN, audio,
@@ -177,7 +177,7 @@ def test_sharding_plans_compile_on_a_slice(target):
         cm(ids, labels=ids, use_cache=False).loss.backward()
         opt = torch.optim.AdamW(model.parameters())
         torch.compile(opt.step, backend="tpu", options=opts)()
-        report = tpu_inductor.tpu_report(print_table=False)
+        report = tpu_inductor.tpu.tpu_report(print_table=False)
         assert [p.role for p in report.programs] == ["forward", "backward", "optimizer"], plan
         assert all(p.compiled and p.chips == 4 for p in report.programs), plan
         per_chip[plan] = report.programs[2].memory["argument"]

@@ -1,0 +1,614 @@
+"""The Dynamo backend entry points: ``backend="tpu"`` and ``backend="tpu_inductor"``.
+
+Both are registered through the ``torch_dynamo_backends`` entry-point group (see
+pyproject.toml), so ``torch.compile(model, backend="tpu")`` works without importing this
+package. This module wires the stages: options -> AOTAutograd capture -> lowering -> jit ->
+runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import pathlib
+import re
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import torch
+import torch.fx as fx
+
+from tpu_inductor.capture import aot as capture
+from tpu_inductor.capture.partition import split_for_fallback
+from tpu_inductor.core import hints, transfers
+from tpu_inductor.core.devices import compiler_options, platform_of, select_device
+from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
+from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
+from tpu_inductor.dynamo import breaks, optimizers
+from tpu_inductor.dynamo.config import Options, configure_logging, parse_options
+from tpu_inductor.lowering import custom_ops, refusals
+from tpu_inductor.lowering.lower import (
+    check_dtypes,
+    describe_node,
+    describe_value,
+    is_lowerable,
+    lower_graph,
+    user_frame,
+    why_unsupported,
+)
+from tpu_inductor.runtime import (
+    buckets,
+    cache,
+    device_eager,
+    device_owned,
+    export_cache,
+    residency,
+    sharding,
+)
+from tpu_inductor.runtime.call import CompiledGraph, Executables
+from tpu_inductor.tpu import programs
+from tpu_inductor.tpu.compile_only import TargetGraph
+from tpu_inductor.tpu.targets import tpu_target
+
+log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.dynamo.backend"
+
+ENTRY_POINT_GROUP = "torch_dynamo_backends"
+_graph_ids = itertools.count()
+
+
+def tpu_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+):
+    """Compile a Dynamo graph for the best JAX device (``torch.compile(backend="tpu")``).
+
+    Args:
+        gm: the torch-level FX graph Dynamo captured.
+        example_inputs: its example inputs (FakeTensors, SymInts).
+        options: ``torch.compile(..., options={...})``; see :class:`tpu_inductor.dynamo.config.Options`.
+        mode: ``torch.compile(..., mode=...)``: ``"default"``, ``"reduce-overhead"``,
+            ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``; all compile the same way
+            here (see :data:`tpu_inductor.dynamo.config.MODES` for why).
+
+    Returns:
+        A callable running the graph through JAX, forward and backward.
+
+    Raises:
+        InvalidOptionError: at the first call (the first graph: torch hands a backend its
+            options no earlier), listing every bad option and an unknown mode.
+        EagerRefusalError: ops eager refuses for their operands' dtypes (see refusals.py).
+
+    Example:
+        >>> model = torch.compile(torch.nn.Linear(4, 4), backend="tpu")
+        >>> model(torch.randn(2, 4)).shape
+        torch.Size([2, 4])
+    """
+    opts = parse_options(options, mode)
+    configure_logging()
+    refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
+    breaks.report_graph_break(gm)
+    breaks.join_optimizer_step()
+    # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held
+    # here, as the fake mode keeps them only weakly, until AOTAutograd has traced)
+    cpu_fakes = (
+        trace_meta_as_cpu(gm, example_inputs) if opts.target else check_inputs(gm, example_inputs)
+    )
+    frame = hints.frame_graph(gm, example_inputs, _input_name)
+    optimizers.hint_float_hyperparameters(gm, example_inputs)
+    plan = opts.plan
+    if plan is not None:
+        device = plan.mesh.devices.flat[0]
+        sharding.place_graph(plan, gm, example_inputs)
+    elif opts.target is not None:
+        device = tpu_target(opts.target).devices[0]
+    else:
+        device = select_device(opts.device)
+    if platform_of(device) == "tpu":
+        check_input_dtypes(gm, example_inputs)
+    export_key = None
+    if opts.cache_dir:
+        cache.enable_persistent_cache(opts.cache_dir)
+    if opts.cache_dir and opts.target is None:
+        export_key = export_cache.key_for(gm, example_inputs, _config_key(opts, device))
+        if export_key is not None:
+            warm = export_cache.load(opts.cache_dir, export_key, device)
+            if warm is not None:
+                return warm
+    direct: list[CompiledGraph] = []
+    aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct, frame)(
+        gm, example_inputs
+    )
+    del cpu_fakes
+    if direct:
+        # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
+        # executable's runtime directly (~8 us less per call at 1x64 on a 2-core CPU host,
+        # python -m benchmarks.profile_overhead).
+        return direct[0].call_unboxed
+    return aot_compiled
+
+
+def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Raise one :class:`UnsupportedInputError` naming every meta-device input.
+
+    Dynamo hands real (not fake) example inputs to the backend, so a ``device="meta"`` tensor
+    (a model built under ``torch.device("meta")``, or before ``to_empty``) is visible here, at
+    compile time, before anything reaches JAX. The runtime's input path (``runtime.py``) would
+    otherwise fail converting it with torch's "Cannot copy out of meta tensor".
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bad = []
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            bad.append(f"{_input_name(placeholders, i)}: {describe_value(t)} on device 'meta'")
+    if bad:
+        raise UnsupportedInputError(
+            "these inputs of the compiled region are meta tensors, which hold no data to "
+            "compute with:\n  - " + "\n  - ".join(bad) + "\nWhat to do: give them data on the "
+            "CPU before calling the compiled model (module.to_empty(device='cpu') and then "
+            "load_state_dict or re-initialize; torch.empty_like(t, device='cpu') for a "
+            "tensor). To compute only output shapes, call the model without torch.compile: "
+            "eager torch runs meta tensors."
+        )
+
+
+def module_path(source_name: str) -> str:
+    """``model.layers.0.mlp.up_proj.weight`` for Dynamo's source name of a graph input
+    (``L['args'][0]._modules['model']..._parameters['weight']``, ``G['lin']._parameters['bias']``,
+    ``L['x']``): a parameter or buffer by its module path, another input by its name."""
+    path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", source_name)
+    path = re.sub(r"^L\['(?:self|fn)'\](?=\.)|^L\['args'\]\[0\](?=\.)", "", path)
+    path = re.sub(r"^[LG]\['([^']+)'\]", r"\1", path)
+    return path.lstrip(".")
+
+
+def check_input_dtypes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Raise one :class:`UnsupportedDtypeError` naming, by module path, every input of a graph
+    for a TPU (parameters, buffers, arguments) that is float64 or complex128, before torch's
+    tracing renames them ``primals_N``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bad = [
+        f"{module_path(_input_name(placeholders, i))}: {describe_value(t)}"
+        for i, t in enumerate(example_inputs)
+        if isinstance(t, torch.Tensor) and t.dtype in TPU_UNSUPPORTED
+    ]
+    if bad:
+        raise UnsupportedDtypeError(
+            "TPUs have no 64-bit floating point; these inputs of the compiled region are "
+            "float64/complex128:\n  - " + "\n  - ".join(bad) + "\nWhat to do: convert them to "
+            "float32 (model.float(), tensor.float(), or torch.set_default_dtype(torch.float32) "
+            "before building the model) or compile with options={'device': 'cpu'}."
+        )
+
+
+def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list:
+    """Let AOTAutograd trace the ``meta`` tensors of a compile-only graph as the CPU tensors
+    they stand for.
+
+    Ops pick their kernel or decomposition by device (SDPA: the CPU flash kernel on ``cpu``, its
+    math form on ``meta``), so a model built on ``meta`` would otherwise compile to another
+    program than the same model with real weights. Each such input's fake (what AOTAutograd
+    finds for it in Dynamo's fake mode) is replaced by one of the same shape, strides and dtype
+    on the CPU, whose dispatch keys are the CPU's, and every ``device="meta"`` argument Dynamo
+    wrote into the graph (``torch.arange(n, device=x.device)``) says ``cpu``. Nothing is read
+    or allocated. Inputs with symbolic sizes keep their fakes (dynamic shapes on meta trace as
+    meta).
+
+    Returns:
+        The new fakes: the fake mode's memo holds them weakly, so the caller keeps them alive
+        until AOTAutograd has traced.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ctx = torch._guards.TracingContext.try_get()
+    fake_mode = getattr(ctx, "fake_mode", None)
+    made: list = []
+    if fake_mode is None:
+        return made
+    converter = fake_mode.fake_tensor_converter
+    cpu = torch.device("cpu")
+
+    def stand_in(t: torch.Tensor):
+        old = converter._get_memo(t)
+        if old is not None and old.device == cpu:
+            return old
+        if old is not None and any(
+            not isinstance(d, int) for d in (*old.shape, *old.stride())
+        ):  # symbolic sizes: keep Dynamo's fake
+            return None
+        elem = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+        new = FakeTensor(fake_mode, elem, cpu)
+        if t.requires_grad:
+            new.requires_grad_(True)
+        grad = t.grad if t.is_leaf else None
+        if grad is not None and grad.device.type == "meta":
+            fake_grad = stand_in(grad)
+            if fake_grad is not None:
+                new.grad = fake_grad
+        converter.set_tensor_memo(t, new)
+        made.append(new)
+        return new
+
+    # the inputs, and the tensors Dynamo lifted into the graph (a compiled optimizer step's
+    # parameters, whose .grad are inputs)
+    lifted = [v for v in vars(gm).values() if isinstance(v, torch.Tensor)]
+    for t in (*example_inputs, *gm.parameters(), *gm.buffers(), *lifted):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            stand_in(t)
+    if made:
+        meta = torch.device("meta")
+
+        def to_cpu(a):
+            return cpu if isinstance(a, torch.device) and a == meta else a
+
+        for node in gm.graph.nodes:
+            node.args = fx.node.map_aggregate(node.args, to_cpu)
+            node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
+        gm.recompile()
+    return made
+
+
+_META_AS_CPU = threading.local()
+
+
+@contextlib.contextmanager
+def meta_fakes_as_cpu():
+    """While active, Dynamo fakes every ``meta`` tensor it meets as a CPU tensor of the same
+    shape, strides and dtype (its ``.grad`` too), so the whole function is traced as with real
+    weights. :func:`trace_meta_as_cpu` does this for AOTAutograd only, after Dynamo has traced
+    on ``meta``; a function that calls ``loss.backward()`` inside the compiled region
+    (``compile_step``) is differentiated by Dynamo itself, and on ``meta`` fakes the loss had no
+    derivative: ``cross_entropy``'s ``nll_loss`` has no autograd kernel for ``meta`` fakes
+    (torch 2.13 warns "an autograd kernel was not registered" and ``autograd.grad`` finds the
+    parameters unused), every ``.grad`` stayed ``None``, the optimizer skipped every parameter
+    and the step compiled to a forward alone. Nothing is read or allocated: the fakes' storage
+    is ``meta`` as always; only the device they report changes. Used around compile-only calls
+    (``options["target"]``); thread-local and re-entrant.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorConverter
+
+    depth = getattr(_META_AS_CPU, "depth", 0)
+    _META_AS_CPU.depth = depth + 1
+    if depth == 0 and not getattr(FakeTensorConverter.from_real_tensor, "_tpu_meta_as_cpu", 0):
+        FakeTensorConverter.from_real_tensor = _from_real_tensor_meta_as_cpu(
+            FakeTensorConverter.from_real_tensor
+        )
+    try:
+        yield
+    finally:
+        _META_AS_CPU.depth = depth
+
+
+def _from_real_tensor_meta_as_cpu(original):
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+
+    def as_cpu(a):
+        return cpu if isinstance(a, torch.device | str) and torch.device(a) == meta else a
+
+    @functools.wraps(original)
+    def from_real_tensor(self, fake_mode, t, *args, **kwargs):
+        if not getattr(_META_AS_CPU, "depth", 0) or t.device.type != "meta":
+            return original(self, fake_mode, t, *args, **kwargs)
+        inner = self.meta_converter
+
+        def converter(tensor, *a, callback=None, **kw):
+            def on_cpu(make, *cb_args, **cb_kwargs):
+                cb_args = tuple(as_cpu(x) for x in cb_args)
+                return callback(make, *cb_args, **{k: as_cpu(v) for k, v in cb_kwargs.items()})
+
+            return inner(tensor, *a, callback=None if callback is None else on_cpu, **kw)
+
+        self.meta_converter = _Delegate(inner, converter)
+        try:
+            return original(self, fake_mode, t, *args, **kwargs)
+        finally:
+            self.meta_converter = inner
+
+    from_real_tensor._tpu_meta_as_cpu = 1
+    return from_real_tensor
+
+
+class _Delegate:
+    """``inner`` with ``__call__`` replaced (its attributes, e.g. the memo, are ``inner``'s)."""
+
+    def __init__(self, inner, call):
+        self._inner, self._call = inner, call
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _input_name(placeholders: list[fx.Node], i: int) -> str:
+    if i >= len(placeholders):
+        return f"input {i}"
+    node = placeholders[i]
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if name is None:
+        return node.name
+    return name() if callable(name) else name
+
+
+def _dump_graph(root: str, name: str, gm: fx.GraphModule) -> pathlib.Path:
+    """Write ``gm``'s FX code and readable graph under ``root/name``; returns that folder."""
+    folder = pathlib.Path(root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "fx_graph.py").write_text(gm.code)
+    (folder / "fx_graph.txt").write_text(gm.print_readable(print_output=False))
+    return folder
+
+
+def reset() -> None:
+    """Forget every cached executable, device copy, the report's history, the counters and
+    which hints were given, in every stage (``tpu_inductor.reset()``).
+
+    The persistent cache on disk is left alone; call ``torch._dynamo.reset()`` too so Dynamo
+    drops the compiled frames that use them.
+    """
+    device_eager.clear()
+    hints.clear()
+    cache.clear()
+    transfers.TOTAL.reset()
+    residency.VALUES.clear()
+    sharding.clear()
+    programs.clear()
+    optimizers.HINTED.clear()
+
+
+def _on_dynamo_reset() -> None:
+    """``torch._dynamo.reset()`` calls this (through ``torch.compile``'s backend wrapper).
+
+    Dynamo's reset does not free every compiled function: the ``__compiled_fn_*`` global it
+    puts in the module of each compiled frame (``transformers.utils.deprecation`` for a
+    transformers model's ``forward``, ``torch.optim.adam`` for a compiled ``opt.step``) stays,
+    holding AOTAutograd's functions and so our graphs. What a graph caches on the device beyond
+    its executables (zero tangents) is dropped here, so deleted models leave no device arrays
+    behind through it (tests/test_live_arrays.py); it is rebuilt if an old graph runs again.
+    """
+    for graph in list(cache.COMPILED):
+        graph.release_caches()
+    # Tensors Dynamo's leftover globals keep alive (a compiled opt.step's optimizer state) would
+    # keep their device copies too: a copy of a host-current tensor is only a cache, so it goes
+    # (crossing again on next use); a keep_on_device value pending on the device stays (it
+    # would be synced to the host first anyway: tests/test_keep_on_device.py).
+    residency.VALUES.forget_copies(device_owned.pending_array_ids())
+
+
+def tpu_inductor_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+):
+    """The same backend under the name ``"tpu_inductor"``, which no other package claims.
+
+    If another package owns the name ``"tpu"`` (TorchTPU registers one too), this warns once
+    so the user knows which backend ``"tpu"`` reaches. ``options`` and ``mode`` are as for
+    :func:`tpu_backend`.
+    """
+    _warn_if_tpu_name_taken()
+    return tpu_backend(gm, example_inputs, options, mode)
+
+
+def _tpu_entry_points() -> list:
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=ENTRY_POINT_GROUP, name="tpu"))
+
+
+@functools.cache
+def _warn_if_tpu_name_taken() -> None:
+    others = [ep for ep in _tpu_entry_points() if not _is_ours(ep.value)]
+    if others:
+        owners = ", ".join(f"{ep.value} ({getattr(ep.dist, 'name', '?')})" for ep in others)
+        warnings.warn(
+            f"another package also registers the torch.compile backend 'tpu': {owners}. "
+            "Use backend='tpu_inductor' to be sure to get tpu-inductor.",
+            stacklevel=3,
+        )
+
+
+def _is_ours(value: str) -> bool:
+    return value.startswith("tpu_inductor.")
+
+
+def _config_key(opts: Options, device: jax.Device) -> tuple:
+    """Everything besides the graph that changes what a graph compiles to."""
+    precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    return (
+        precision,
+        opts.check_meta,
+        opts.max_executables,
+        opts.pad_to,
+        opts.transfers,
+        str(device),
+        custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
+        None if opts.plan is None else opts.plan.key(),
+        opts.target,  # compile-only devices of different topologies print alike
+        opts.scan_layers,
+    )
+
+
+def _aot_backend(
+    opts: Options,
+    device: jax.Device,
+    export_key: str | None,
+    n_inputs: int,
+    direct: list[CompiledGraph],
+    frame: hints.FrameGraph | None = None,
+):
+    """AOTAutograd with our compilers. An inference graph AOTAutograd passes through unchanged
+    is appended to ``direct`` (and saved for warm starts when ``export_key`` is set). ``frame``:
+    the Dynamo graph's record for recompile hints (its forward's executables count its
+    calls, and name its inputs)."""
+
+    forward: list[CompiledGraph] = []
+
+    def compiler(kind: str):
+        def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
+            static = capture.static_input_positions() if kind != "backward" else ()
+            compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
+            inner = getattr(compiled, "compiled", compiled)  # a PaddedGraph wraps one
+            exes = getattr(inner, "exes", None)
+            if kind != "backward" and frame is not None and exes is not None:
+                hints.attach(frame, exes)
+                n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
+                if n >= len(frame.names):  # effect tokens come first
+                    exes.input_names = [None] * (n - len(frame.names)) + frame.names
+            if kind == "forward":
+                capture.never_donate_backward_buffers()
+                if isinstance(compiled, CompiledGraph):
+                    forward.append(compiled)
+            if kind == "backward" and isinstance(compiled, CompiledGraph) and forward:
+                compiled.forward = forward[-1]  # a lazy forward makes its backward lazy
+            if (
+                kind == "inference"
+                and isinstance(compiled, CompiledGraph)
+                and capture.passes_through(compiled.lowered, n_inputs)
+            ):
+                direct.append(compiled)
+                if export_key is not None:
+                    export_cache.save(opts.cache_dir, export_key, compiled.lowered, static)
+            return compiled
+
+        return compile_fn
+
+    return capture.aot_backend(compiler("forward"), compiler("backward"), compiler("inference"))
+
+
+# Tests set this to run the accelerators' donation path on CPU (JAX's CPU client donates too);
+# executables already built keep what they were built with, so clear the cache around it.
+DONATE_ON_CPU = False
+
+
+def compile_graph(
+    gm: fx.GraphModule,
+    opts: Options,
+    device: jax.Device,
+    *,
+    kind: str = "inference",
+    static_positions: Sequence[int] = (),
+) -> CompiledGraph:
+    """Lower one functional ATen graph and wrap it for AOTAutograd.
+
+    Args:
+        gm: the ATen graph from AOTAutograd.
+        opts: validated options.
+        device: the JAX device to run on.
+        kind: ``"forward"``, ``"backward"`` or ``"inference"`` (for logs and names).
+        static_positions: inputs that are parameters/buffers, kept resident on the device.
+
+    Returns:
+        A boxed callable taking and returning torch tensors (saved activations of a training
+        forward stay on the device behind placeholders; see ``CompiledGraph``).
+    """
+    optimizers.repair_capturable_adam(gm)  # torch's NaN at lr == 0 (optimizers.py)
+    if opts.fallback == "eager" and any(
+        n.op == "call_function" and not is_lowerable(n) for n in gm.graph.nodes
+    ):
+        return _with_fallback(gm, opts, device, kind)
+    start = time.perf_counter()
+    platform = platform_of(device)
+    check_dtypes(gm, platform)
+    precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    options = compiler_options(platform, kind)
+    key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
+    plan = opts.plan
+    n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
+    saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
+    n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    bumped = capture.bumped_mutation_inputs(n_inputs) if kind != "backward" else frozenset()
+
+    def create():
+        t0 = time.perf_counter()
+        lowered = lower_graph(
+            gm,
+            precision=precision,
+            check_meta=opts.check_meta,
+            platform=platform,
+            scan_layers=opts.scan_layers,
+        )
+        name = f"graph{next(_graph_ids)}-{kind}"
+        dump = _dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
+        # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
+        donating = platform != "cpu" or DONATE_ON_CPU
+        donate = [m.input_index for m in lowered.mutations] if donating else []
+        return Executables(
+            lowered,
+            opts.max_executables,
+            name,
+            dump,
+            time.perf_counter() - t0,
+            options,
+            transfers=opts.transfers,
+            donate=donate,
+            plan=plan,
+        )
+
+    exes = cache.get_or_create(key, create)
+    if opts.target is not None:
+        role = programs.role_of(gm, kind)
+        compiled = TargetGraph(exes, tpu_target(opts.target), kind, role, plan)
+        cache.COMPILED.add(compiled)
+        log.info("%s: %s graph for %s (compile only)", exes.name, kind, opts.target)
+        return compiled
+    compiled = CompiledGraph(
+        exes,
+        device,
+        kind,
+        static_positions=static_positions,
+        saved_outputs=saved,
+        bumped=bumped,
+        backward=kind.startswith("backward"),
+        plan=plan,
+    )
+    cache.COMPILED.add(compiled)
+    if opts.pad_to and buckets.can_pad(compiled):
+        compiled = buckets.PaddedGraph(compiled, opts.pad_to, gm)
+    log.info(
+        "%s: %s graph, %d nodes, lowered in %.1f ms",
+        exes.name,
+        kind,
+        len(gm.graph.nodes),
+        (time.perf_counter() - start) * 1e3,
+    )
+    return compiled
+
+
+def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: str):
+    def describe(n: fx.Node) -> str:
+        reason = why_unsupported(n)
+        why = f"\n      not lowered: {reason}" if reason else ""
+        return f"{describe_node(n)}\n      at {user_frame(n)}{why}"
+
+    cache.FALLBACK_OPS.extend(
+        describe(n) for n in gm.graph.nodes if n.op == "call_function" and not is_lowerable(n)
+    )
+    fused = split_for_fallback(
+        gm,
+        is_lowerable,
+        lambda sub: compile_graph(sub, opts, device, kind=f"{kind}-island"),
+        describe,
+    )
+
+    def run(args: list) -> list:
+        outs = fused(*args)
+        args.clear()
+        return list(outs)
+
+    run._boxed_call = True
+    return run
+
+
+tpu_backend.reset = _on_dynamo_reset  # type: ignore[attr-defined]
+tpu_inductor_backend.reset = _on_dynamo_reset  # type: ignore[attr-defined]

@@ -1,0 +1,224 @@
+"""Graph breaks said once per site, and optimizer steps that join the compiled function.
+
+**Graph breaks.** Dynamo splits a compiled function where it can't trace (a graph break): the
+code before the break and after it become separate programs and the call at the break runs in
+Python, every call. Dynamo says so only under ``TORCH_LOGS=graph_breaks``. Every graph Dynamo
+hands the backend carries why it ended (``gm.compile_subgraph_reason``, torch 2.13's
+``GraphCompileReason``: the reason text and the user stack at the break);
+:func:`report_graph_break` turns one that ended at a break into one WARNING on the
+``tpu_inductor.progress`` logger, once per site: where (the user's line and the line that broke),
+why, what it costs (programs and the bytes that cross back to Python at the break) and the fix.
+
+**Optimizer steps.** ``opt.step()`` inside a compiled function breaks the graph twice: torch's
+``Optimizer.step`` calls ``torch._dynamo.graph_break()`` on purpose, and an LR scheduler wraps
+``opt.step`` in a function from ``torch/optim/lr_scheduler.py``, a file Dynamo refuses to trace
+("``Adam.step`` in ``lr_scheduler.py`` should not be traced"). So ``clip_grad_norm_`` followed by
+``opt.step()`` in one compiled ``update()`` was two programs. When the backend compiles such a
+step as a program of its own (its frame's ``self`` is an Adam, AdamW or SGD that
+:mod:`tpu_inductor.dynamo.optimizers` can trace), :func:`join_optimizer_step` gives that optimizer
+instance a ``step`` that, under Dynamo, is ``compile_step``'s traceable functional update (torch's
+``adam``/``sgd`` on the optimizer's own state: eager's numbers) and, outside compiled code, calls
+the ``step`` it replaced (the scheduler's wrapper, hooks and all). Dynamo guards on ``opt.step``,
+so the next call of the enclosing function compiles again, into one program; measured on the
+README's loop (``tests/test_readme.py``): the first step runs as two programs, every later one
+as one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+import weakref
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from tpu_inductor.dynamo import optimizers
+
+progress_log = logging.getLogger("tpu_inductor.progress")
+log = logging.getLogger(__name__)
+
+_SAID: set = set()  # (file, line, reason) of breaks already reported
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.dirname(m.__file__)) + os.sep for m in (torch, logging)
+) + (os.path.dirname(os.path.dirname(__file__)) + os.sep + "tpu_inductor" + os.sep,)
+
+# (substring of Dynamo's reason, the fix to print). First match wins.
+FIXES: list[tuple[str, str]] = [
+    (
+        "Mutating a variable from outside the scope of this HOP",
+        "under activation checkpointing, set torch._dynamo.config."
+        "skip_fwd_side_effects_in_bwd_under_checkpoint = True before the first call (safe "
+        "when the checkpointed code's Python side effects need not run again in the backward's "
+        "recomputation, as for transformers with the kernels package, whose attention wrapper "
+        "sets a context variable and resets it in the same layer; README Training loop)",
+    ),
+    (
+        "lr_scheduler.py",
+        "tpu-inductor makes an Adam, AdamW or SGD step traceable after its first call (the "
+        "function compiles once more, into one program); for another optimizer, "
+        "torch.compile(opt.step) apart or tpu_inductor.compile_step",
+    ),
+    (
+        "torch._dynamo.graph_break()",
+        "if this is opt.step(): tpu-inductor makes an Adam, AdamW or SGD step traceable after "
+        "its first call; else remove the torch._dynamo.graph_break() call",
+    ),
+    (
+        "backward",
+        "compile the whole step with tpu_inductor.compile_step (traces loss.backward()), or "
+        "compile the loss function and call backward() outside it",
+    ),
+    ("warning_once", "model.config.use_cache = False (transformers logs a warning_once)"),
+]
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith(_LIBRARY_DIRS) or "site-packages" in filename
+
+
+def _site(frame) -> str:
+    return f"{frame.filename}:{frame.lineno}"
+
+
+def _bytes_out(gm: fx.GraphModule) -> int:
+    """Bytes of the tensors the graph hands back to Python at the break."""
+    total = 0
+    for node in gm.graph.find_nodes(op="output"):
+        for arg in torch.utils._pytree.tree_leaves(node.args):
+            val = arg.meta.get("example_value") if isinstance(arg, fx.Node) else None
+            if isinstance(val, torch.Tensor):
+                total += val.numel() * val.element_size()
+    return total
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _fix(reason: str) -> str:
+    for key, fix in FIXES:
+        if key in reason:
+            return fix
+    hints = [line.strip()[5:].strip() for line in reason.splitlines() if "Hint:" in line]
+    return (hints[0] if hints else "see TORCH_LOGS=graph_breaks").rstrip(".")
+
+
+def report_graph_break(gm: fx.GraphModule) -> str | None:
+    """Warn once per site when the graph Dynamo hands the backend ended at a graph break.
+
+    Args:
+        gm: the Dynamo graph, as given to the backend.
+
+    Returns:
+        The message said (or ``None``: no break, or this site was reported before).
+    """
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    stack = list(getattr(reason, "user_stack", None) or [])
+    text = str(reason.reason)
+    headline = next((line.strip() for line in text.splitlines() if line.strip()), text)
+    explanation = next(
+        (line.strip()[12:].strip() for line in text.splitlines() if "Explanation:" in line), ""
+    )
+    inner = stack[-1] if stack else None
+    user = next((f for f in stack if not _is_library(f.filename)), inner)
+    key = (inner.filename, inner.lineno, headline) if inner else (None, None, headline)
+    if key in _SAID:
+        return None
+    _SAID.add(key)
+    where = "an unknown line"
+    if user is not None:
+        where = f"{user.name} ({_site(user)})"
+        if inner is not None and inner is not user:
+            where += f", breaking at {_site(inner)}"
+    why = (headline + (f": {explanation}" if explanation else "")).rstrip(".")
+    msg = (
+        f"tpu-inductor: graph break in {where}: {why}. Cost: the compiled function splits here "
+        f"into separate programs and this call runs in Python (eager) every time; "
+        f"{_fmt_bytes(_bytes_out(gm))} leave the program at the break and come back after it. "
+        f"Fix: {_fix(text).rstrip('.')}."
+    )
+    if _joinable_step(text, inner):
+        # join_optimizer_step fixes it from the next call (or warns there why it can't)
+        log.info(msg)
+    else:
+        progress_log.warning(msg)
+    return msg
+
+
+def _joinable_step(reason: str, inner) -> bool:
+    """The break is at ``opt.step()`` of a class :mod:`tpu_inductor.dynamo.optimizers` traces."""
+    names = {f"`{cls.__name__}.step`" for cls in optimizers.STEPS}
+    if "lr_scheduler.py" in reason and any(n in reason for n in names):
+        return True
+    return inner is not None and inner.filename.endswith(
+        os.path.join("torch", "optim", "optimizer.py")
+    )
+
+
+def join_optimizer_step() -> torch.optim.Optimizer | None:
+    """If the frame Dynamo is compiling is an optimizer's ``step`` that
+    :mod:`tpu_inductor.dynamo.optimizers` can trace, give that instance a ``step`` Dynamo traces (see
+    the module docstring) and return the optimizer; else ``None``."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:  # not called from Dynamo's tracing (a direct backend call)
+        return None
+    opt = getattr(tx, "f_locals", {}).get("self") if tx is not None else None
+    if not isinstance(opt, torch.optim.Optimizer) or tx.f_code.co_name != "step":
+        return None
+    current = opt.__dict__.get("step")
+    if getattr(current, "_tpu_inductor_step", False):
+        return None
+    why = optimizers.unsupported_reason(opt) or (_global_hooks() and "global optimizer hooks")
+    if why:
+        if (id(type(opt)), why) not in _SAID:
+            _SAID.add((id(type(opt)), why))
+            progress_log.warning(
+                "tpu-inductor: %s.step() is compiled as a program of its own (%s): a function "
+                "that calls it splits there. Adam, AdamW and SGD without hooks join the "
+                "function's program.",
+                type(opt).__name__,
+                why,
+            )
+        return None
+    original = current if current is not None else None
+    _install(opt, original)
+    log.info("%s.step made traceable for compiled callers", type(opt).__name__)
+    return opt
+
+
+def _global_hooks() -> bool:
+    from torch.optim import optimizer
+
+    return bool(optimizer._global_optimizer_pre_hooks or optimizer._global_optimizer_post_hooks)
+
+
+def _install(opt: torch.optim.Optimizer, original: Any) -> None:
+    traced, _ = optimizers.traceable_methods(opt)
+    ref = weakref.ref(opt)
+    scheduled = getattr(original, "_wrapped_by_lr_sched", False)
+
+    def step(self, closure=None):
+        if torch.compiler.is_compiling() and closure is None:
+            if scheduled:
+                self._opt_called = True  # what the scheduler's wrapper records of a step
+            return traced()
+        if original is not None:
+            return original(closure) if closure is not None else original()
+        return type(self).step(self, closure)
+
+    step._tpu_inductor_step = True
+    if scheduled:
+        step._wrapped_by_lr_sched = True  # a later scheduler must not wrap it again
+    # a bound method: a scheduler built later reads step.__func__ (lr_scheduler.py)
+    opt.__dict__["step"] = types.MethodType(step, ref())

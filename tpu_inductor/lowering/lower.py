@@ -1,0 +1,735 @@
+"""ATen FX graph -> one pure JAX function.
+
+Every node is looked up before anything is lowered, so a graph with several unsupported ops
+fails once, listing all of them. The returned function is pure: tensors in, tensors out; its
+first argument is a PRNG seed (``None`` when the graph draws no random numbers).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import operator
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+import torch
+import torch.fx as fx
+from jax import lax
+from torch.fx.node import map_arg
+
+from tpu_inductor.core.dtypes import TPU_UNSUPPORTED, to_jax_dtype
+from tpu_inductor.core.errors import (
+    LoweringError,
+    LoweringOutputError,
+    ShapeMismatchError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+    raise_failed_assert,
+)
+from tpu_inductor.core.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
+from tpu_inductor.core.sources import provenance, user_frame
+from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
+from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
+
+# Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
+PYTHON_OPS: dict[Any, Callable] = {
+    operator.getitem: operator.getitem,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.truediv: operator.truediv,
+    operator.floordiv: operator.floordiv,
+    operator.mod: operator.mod,
+    operator.pow: operator.pow,
+    operator.neg: operator.neg,
+    operator.eq: operator.eq,
+    operator.ne: operator.ne,
+    operator.lt: operator.lt,
+    operator.le: operator.le,
+    operator.gt: operator.gt,
+    operator.ge: operator.ge,
+    operator.abs: operator.abs,
+    operator.pos: operator.pos,
+    operator.and_: operator.and_,
+    operator.or_: operator.or_,
+    operator.xor: operator.xor,
+    operator.lshift: operator.lshift,
+    operator.rshift: operator.rshift,
+    operator.not_: lambda a: jnp.logical_not(a) if _traced(a) else not a,
+    math.ceil: lambda a: jnp.ceil(a) if _traced(a) else math.ceil(a),
+    math.floor: lambda a: jnp.floor(a) if _traced(a) else math.floor(a),
+    math.trunc: lambda a: jnp.trunc(a) if _traced(a) else math.trunc(a),
+    round: lambda a, n=None: jnp.round(a, n or 0) if _traced(a) else round(a, n),
+    math.sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
+    torch.sym_sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
+    torch._sym_sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
+    torch.sym_float: lambda a: a.astype(jnp.float32) if _traced(a) else float(a),
+    torch.sym_int: lambda a: a.astype(jnp.int32) if _traced(a) else int(a),
+    torch.sym_max: lambda a, b: jnp.maximum(a, b) if _traced(a) or _traced(b) else max(a, b),
+    torch.sym_min: lambda a, b: jnp.minimum(a, b) if _traced(a) or _traced(b) else min(a, b),
+    torch.sym_sum: lambda args: sum(args),
+    torch.sym_not: lambda a: jnp.logical_not(a) if _traced(a) else not a,
+    torch.sym_ite: lambda b, t, f: jnp.where(b, t, f) if _traced(b) else (t if b else f),
+}
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "log2"):
+    # torch._sym_sin, ...: a symbolic float's math.sin
+    PYTHON_OPS[getattr(torch, f"_sym_{_name}")] = lambda a, _f=_name: (
+        getattr(jnp, {"asin": "arcsin", "acos": "arccos", "atan": "arctan"}.get(_f, _f))(a)
+        if _traced(a)
+        else getattr(math, _f)(a)
+    )
+del _name
+
+
+def _traced(x) -> bool:
+    """Whether a Python-level value is a JAX value (a scalar read with ``.item()``)."""
+    return isinstance(x, jax.Array | jax.core.Tracer)
+
+
+PRECISIONS = {
+    "highest": lax.Precision.HIGHEST,
+    "high": lax.Precision.HIGH,
+    "medium": lax.Precision.DEFAULT,
+}
+
+
+def describe_value(v) -> str:
+    """A compact description of an argument: ``f32[2, 3]`` for tensors, repr otherwise."""
+    if isinstance(v, fx.Node):
+        v = v.meta.get("val", v.name)
+    if isinstance(v, torch.Tensor):
+        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(describe_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def describe_node(node: fx.Node) -> str:
+    """``op(arg descriptions)`` for error messages."""
+    args = [describe_value(a) for a in node.args]
+    args += [f"{k}={describe_value(v)}" for k, v in node.kwargs.items()]
+    return f"{node.target}({', '.join(args)})"
+
+
+def _meta_of(a):
+    """``a`` with every FX node replaced by its ``meta["val"]``."""
+    return map_arg(a, lambda n: n.meta.get("val"))
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    """A graph translated to a pure JAX function.
+
+    Attributes:
+        fn: ``fn(seed, *inputs) -> tuple``: the computed outputs (the ``("out", k)`` entries of
+            ``output_plan``), then the new values of ``mutations``; ``seed`` is a ``uint32[2]``
+            or ``None``.
+        tensor_inputs: positions of graph inputs that are tensors (the rest are static).
+        has_rng: whether ``fn`` needs a seed.
+        num_outputs: how many outputs the graph declares (``len(output_plan)``; ``fn`` returns
+            fewer when some are inputs or duplicates, more when inputs are updated in place).
+        scalar_outputs: output positions that are Python numbers (sizes returned for backward);
+            the jitted function returns them as 0-d arrays.
+        dynamic: whether the graph has symbolic sizes (specialized per concrete shape).
+        input_metas / output_metas: the placeholders' and outputs' ``meta["val"]``.
+        output_plan: where each declared output comes from: ``("out", k)`` is ``fn``'s k-th
+            result, ``("input", i)`` is graph input ``i`` returned as it is, ``("dup", j)`` is
+            the same value as output ``j`` (so neither is copied on the device), and
+            ``("detach", j)`` is ``detach``/``alias`` of output ``j`` (a saved activation that is
+            a user output: handed back as that output's ``detach()``, which shares its version
+            counter, so an in-place change of it before backward raises as in eager).
+        mutations: inputs the graph updates in place (AOTAutograd's in-graph ``copy_``), whose
+            new values ``fn`` returns after the declared outputs.
+        host_sizes: whether a scalar built from sizes only (``torch.tensor(x.shape[0]).item()``)
+            is evaluated while tracing, binding the unbacked symbol it defines.
+        view_outputs: computed outputs whose layout (sizes, strides, storage offset) is
+            symbolic: views such as ``x[:, n:n + 2]``, which AOTAutograd rebuilds from their base
+            with ``as_strided`` and the layout of the tensor handed back (see
+            ``runtime.with_layout``).
+        layouts: per input binding (:meth:`binding_key`), each view output's concrete
+            ``(size, stride, storage_offset)``, recorded while tracing (``None`` when it is not
+            known then).
+    """
+
+    fn: Callable
+    tensor_inputs: tuple[int, ...]
+    has_rng: bool
+    num_outputs: int
+    scalar_outputs: frozenset[int] = frozenset()
+    dynamic: bool = False
+    input_metas: tuple = ()
+    output_metas: tuple = ()
+    ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    output_plan: tuple = ()
+    mutations: tuple = ()
+    host_sizes: bool = False
+    view_outputs: frozenset[int] = frozenset()
+    layouts: dict = dataclasses.field(default_factory=dict)
+
+    def binding_key(self, inputs) -> tuple:
+        """The input-size bindings of a call (graph inputs in order: tensors or arrays, and
+        scalars) as a hashable key."""
+        return _binding_key(bind(self.input_metas, inputs))
+
+    @property
+    def plain_outputs(self) -> bool:
+        """Whether ``fn`` returns exactly the declared outputs, in order."""
+        return not self.mutations and all(p == ("out", i) for i, p in enumerate(self.output_plan))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """Graph input ``input_index`` is updated in place; ``fn``'s result ``value_index`` is its
+    new value. ``delta`` says how to write only what changed on the host: ``("index_copy",
+    dim, index_result, source_result)`` or ``("slice", dim, start, end, step, source_result)``
+    (result positions in ``fn``'s output), or ``None`` to copy the whole value."""
+
+    input_index: int
+    value_index: int
+    delta: tuple | None = None
+
+
+COPY_ = torch.ops.aten.copy_.default
+
+
+# with_effects(token, op, *args) wraps ops with side effects (e.g. linalg's error checks).
+WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
+
+# Activation checkpointing's RNG wrappers (torch/_prims/rng_prims.py). AOTAutograd
+# (partitioners.functionalize_rng_ops) wraps each random op that the backward recomputes:
+# run_and_save_rng_state(op, *args) -> (state, op(*args)) in the forward, which saves the state,
+# and run_with_rng_state(state, op, *args) -> op(*args) in the backward, which must draw the same
+# numbers (the same dropout mask). Eager's state is the CPU generator's (uint8[5056]); ours is
+# where the op's keys come from: the call's base key and the draw counter at the op, as
+# uint32[3] bytes (uint8[12]). The forward runs the op exactly as without checkpointing (its
+# draws are fold_in(base, counter), counting on), so a checkpointed graph draws the numbers the
+# plain one draws under the same seed; the backward replays fold_in(base, start + i) from the
+# saved state and draws no seed of its own.
+RUN_AND_SAVE_RNG = getattr(torch.ops.higher_order, "run_and_save_rng_state", None)
+RUN_WITH_RNG = getattr(torch.ops.higher_order, "run_with_rng_state", None)
+# wrapper -> position of the wrapped op among its arguments
+_WRAPPERS = {w: i for w, i in ((WITH_EFFECTS, 1), (RUN_AND_SAVE_RNG, 0), (RUN_WITH_RNG, 1)) if w}
+
+
+def is_lowerable(node: fx.Node) -> bool:
+    """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run) that
+    handles its arguments (``lowerings.unsupported.REFUSED`` says when one does not)."""
+    wrapped = node.target in _WRAPPERS
+    target = node.args[_WRAPPERS[node.target]] if wrapped else node.target
+    if target in PYTHON_OPS or target is COPY_:
+        return True
+    if target not in LOWERINGS:
+        return False
+    return refusal(_wrapped_view(node) if wrapped else node) is None
+
+
+def why_unsupported(node: fx.Node) -> str | None:
+    """The reason a node is not lowered on purpose (``lowerings.unsupported``), if one is known."""
+    if node.target in _WRAPPERS:
+        view = _wrapped_view(node)
+        return refusal(view) if view.target in LOWERINGS else UNSUPPORTED.get(view.target)
+    if node.target in LOWERINGS:
+        return refusal(node)
+    return UNSUPPORTED.get(node.target)
+
+
+def _wrapped_view(node: fx.Node) -> Any:
+    """What the wrapped op's lowering sees of a with_effects or RNG-state node: its own
+    target, arguments and output spec, without the effect token or the RNG state."""
+    start = _WRAPPERS[node.target]
+    op, args = node.args[start], node.args[start + 1 :]
+    val = node.meta.get("val")
+    if node.target is WITH_EFFECTS:
+        val = val[1] if isinstance(val, tuple | list) else None
+    else:  # the RNG wrappers carry no spec of their own: the op's, from fake tensors
+        val = _fake_result(op, args, node.kwargs)
+    return types.SimpleNamespace(
+        target=op, args=args, kwargs=node.kwargs, name=node.name, meta={**node.meta, "val": val}
+    )
+
+
+def _fake_result(op, args, kwargs):
+    metas, kw = _meta_of(args), _meta_of(kwargs)
+    flat = [m for m in torch.utils._pytree.tree_leaves((metas, kw)) if isinstance(m, torch.Tensor)]
+    mode = torch._guards.detect_fake_mode(flat)
+    if mode is None:
+        return None
+    with mode:
+        return op(*metas, **kw)
+
+
+def check_supported(gm: fx.GraphModule) -> None:
+    """Raise one :class:`UnsupportedOpError` listing every node without a lowering.
+
+    Ops that are unsupported on purpose (``tpu_inductor.lowering.lowerings.unsupported``) carry their
+    reason and the rewrite that avoids them.
+    """
+    missing = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if is_lowerable(node):
+            continue
+        line = f"{describe_node(node)}\n      at {user_frame(node)}"
+        reason = why_unsupported(node)
+        if reason is not None:
+            line += f"\n      not supported: {reason}"
+        missing.append(line)
+    if missing:
+        raise UnsupportedOpError(
+            f"{len(missing)} op(s) in this graph have no lowering:\n  - "
+            + "\n  - ".join(missing)
+            + "\nWhat to do: rewrite those lines with supported ops, move them outside the "
+            "compiled region (e.g. torch.compiler.disable), or report the op so a lowering can "
+            "be added.",
+            missing=missing,
+        )
+
+
+def check_dtypes(gm: fx.GraphModule, platform: str) -> None:
+    """Raise one :class:`UnsupportedDtypeError` for every value the device cannot hold."""
+    if platform != "tpu":
+        return
+    bad = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, list | tuple) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor) and v.dtype in TPU_UNSUPPORTED:
+                what = "a graph input" if node.op == "placeholder" else describe_node(node)
+                bad.append(f"{what} is {v.dtype}\n      at {user_frame(node)}")
+                break
+    if bad:
+        raise UnsupportedDtypeError(
+            "TPUs have no 64-bit floating point; these values are float64/complex128:\n  - "
+            + "\n  - ".join(bad)
+            + "\nWhat to do: convert them to float32 (tensor.float(), or "
+            "torch.set_default_dtype(torch.float32)) or compile with options={'device': 'cpu'}."
+        )
+
+
+def _check_meta(node: fx.Node, value, bindings: dict | None) -> None:
+    spec = node.meta.get("val")
+    specs = spec if isinstance(spec, list | tuple) else [spec]
+    values = value if isinstance(value, list | tuple) else [value]
+    for s, v in zip(specs, values, strict=False):
+        if not isinstance(s, torch.Tensor) or v is None:
+            continue
+        want_shape, want_dtype = concrete_shape(s.shape, bindings), to_jax_dtype(s.dtype)
+        if tuple(v.shape) != want_shape or v.dtype != want_dtype:
+            raise ShapeMismatchError(
+                f"lowering of {describe_node(node)} produced {v.dtype}{list(v.shape)}, "
+                f"torch says {want_dtype}{list(want_shape)}\n  at {user_frame(node)}"
+            )
+
+
+def lower_graph(
+    gm: fx.GraphModule,
+    *,
+    precision: str,
+    check_meta: bool = False,
+    platform: str | None = None,
+    scan_layers: bool = False,
+) -> LoweredGraph:
+    """Translate an ATen FX graph into a pure JAX function.
+
+    Args:
+        gm: a functional Core ATen graph (what AOTAutograd hands a compiler).
+        precision: ``"highest"``, ``"high"`` or ``"medium"`` for float32 matmuls/convolutions.
+        check_meta: compare every lowered value with ``node.meta["val"]`` while tracing.
+        platform: the device kind it compiles for (``LoweringContext.platform``; a registered
+            Pallas kernel reads it through ``tpu_inductor.pallas_interpret``).
+        scan_layers: lower runs of isomorphic repeated blocks once, as a ``lax.scan``
+            (:mod:`tpu_inductor.lowering.scan_layers`); what doesn't match stays unrolled.
+
+    Returns:
+        A :class:`LoweredGraph`.
+
+    Raises:
+        UnsupportedOpError: listing every op without a lowering.
+    """
+    check_supported(gm)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    tensor_inputs = tuple(
+        i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)
+    )
+    has_rng = any(n.op == "call_function" and _is_random(n.target) for n in nodes)
+    jax_precision = PRECISIONS[precision]
+    output_node = next(n for n in reversed(nodes) if n.op == "output")
+    num_outputs = len(output_node.args[0])
+    input_metas = tuple(n.meta.get("val") for n in placeholders)
+    output_metas = tuple(_meta_of(a) for a in output_node.args[0])
+    scalar_outputs = frozenset(
+        i for i, m in enumerate(output_metas) if not isinstance(m, torch.Tensor | type(None))
+    )
+    dynamic = graph_is_dynamic(input_metas)
+    output_plan, computed = _output_plan(output_node.args[0], placeholders)
+    view_outputs = frozenset(
+        j
+        for j, m in enumerate(output_metas)
+        if output_plan[j][0] == "out" and isinstance(m, torch.Tensor) and _symbolic_layout(m)
+    )
+    layouts: dict = {}
+    mutations, extra = _mutations(nodes, placeholders, len(computed))
+    # Scalars read from values known once the sizes are, and assertions on them: their inputs
+    # run while tracing (jax.ensure_compile_time_eval), so the read is a Python number that may
+    # become a size, and the assertion is checked once per size instead of at every call.
+    host_eval: set = set()
+    host_sizes = False  # an item read from sizes (pad_to must not apply: see buckets.can_pad)
+    for n in nodes:
+        if n.op == "call_function" and n.target in _READ_WHILE_TRACING:
+            inputs = size_only_inputs(n)
+            host_eval |= inputs or set()
+            host_sizes |= inputs is not None and n.target is _READ_WHILE_TRACING[0]
+    contexts = {
+        n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args), platform=platform)
+        for n in nodes
+        if n.op == "call_function" and n.target in LOWERINGS
+    }
+    for n in nodes:
+        if n.op == "call_function" and n.target in _WRAPPERS:
+            view = _wrapped_view(n)
+            contexts[n] = LoweringContext(
+                view, jax_precision, tuple(_meta_of(a) for a in view.args), platform=platform
+            )
+
+    groups = {}
+    if scan_layers:
+        from tpu_inductor.lowering.scan_layers import plan_scans
+
+        unscannable = {n for n in nodes if n.op == "call_function" and not _scannable(n)}
+        keep = {n for n in computed + extra if isinstance(n, fx.Node)}
+        groups = plan_scans(
+            nodes, keep=keep, unscannable=unscannable | host_eval, dynamic=dynamic, gm=gm
+        )
+    inside = {n for g in groups.values() for n in g.nodes}
+
+    def fn(seed, *inputs):
+        env: dict[fx.Node, Any] = {}
+        input_ids = set()
+        for node, value in zip(placeholders, inputs, strict=True):
+            env[node] = value
+            input_ids.add(id(value))
+        bindings = bind(input_metas, inputs) if dynamic or host_eval else None
+        key = _binding_key(bind(input_metas, inputs)) if view_outputs else None
+        for ctx in contexts.values():
+            ctx.bindings = bindings
+        base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
+        counter = [0]  # the next random draw's number
+
+        def draw():
+            counter[0] += 1
+            return jax.random.fold_in(base_key, counter[0] - 1)
+
+        def load(a):
+            return map_arg(a, env.__getitem__)
+
+        def run(node, args, kwargs):
+            """The value of one node, given its arguments' values."""
+            if node.op == "get_attr":
+                if node in host_eval:  # a constant a scalar is read from: a concrete array
+                    with jax.ensure_compile_time_eval():
+                        return _constant(getattr(gm, node.target))
+                return _constant(getattr(gm, node.target))
+            if node.target in PYTHON_OPS:
+                return PYTHON_OPS[node.target](*args, **kwargs)
+            if node.target is COPY_:  # an in-graph input mutation: its value is returned
+                dst, src = args[0], args[1]
+                return jnp.broadcast_to(src.astype(dst.dtype), dst.shape)
+            ctx = contexts[node]
+            if has_rng:
+                ctx.make_key = draw
+            try:
+                if node in host_eval:
+                    with jax.ensure_compile_time_eval():
+                        value = LOWERINGS[node.target](ctx, args, kwargs)
+                elif node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
+                    with provenance(node):
+                        value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
+                elif node.target is RUN_AND_SAVE_RNG:  # saves where its draws start
+                    state = _rng_state(seed, counter[0])
+                    with provenance(node):
+                        value = (state, LOWERINGS[args[0]](ctx, args[1:], kwargs))
+                elif node.target is RUN_WITH_RNG:  # replays the forward's draws
+                    ctx.make_key = _replay(args[0])
+                    with provenance(node):
+                        value = LOWERINGS[args[1]](ctx, args[2:], kwargs)
+                else:
+                    with provenance(node):
+                        value = LOWERINGS[node.target](ctx, args, kwargs)
+            except (
+                UnsupportedOpError,
+                UnsupportedDtypeError,
+                ShapeMismatchError,
+                LoweringOutputError,
+            ):
+                raise
+            except Exception as e:
+                raise_failed_assert(e)  # a torch._assert_async on sizes: torch's RuntimeError
+                raise LoweringError(
+                    f"lowering {describe_node(node)} failed: {type(e).__name__}: {e}\n"
+                    f"  at {user_frame(node)}"
+                ) from e
+            if check_meta:
+                _check_meta(node, value, bindings)
+            return value
+
+        stacks: dict = {}  # scan_layers: values sliced out of a scan's stacked outputs
+        for node in nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            if node in groups:  # the last node of a run of repeated blocks: one lax.scan
+                groups[node].run(env, run, stacks)
+            elif node not in inside:
+                env[node] = run(node, load(node.args), {k: load(v) for k, v in node.kwargs.items()})
+        if view_outputs:  # the layout AOTAutograd rebuilds each view output with (see runtime)
+            layouts[key] = {
+                j: _replayed_layout(output_node.args[0][j], env, bindings)
+                or _layout(output_metas[j], bindings)
+                for j in view_outputs
+            }
+        outs = []
+        seen = set(input_ids)
+        for out in [env[n] if isinstance(n, fx.Node) else n for n in computed + extra]:
+            # A returned buffer must be fresh: jit forwards inputs returned as-is, and one
+            # buffer returned twice would alias two torch tensors.
+            if isinstance(out, jax.Array | jax.core.Tracer):
+                if id(out) in seen:
+                    out = _fresh(out)
+                seen.add(id(out))
+            outs.append(out)
+        return tuple(outs)
+
+    ops = collections.Counter(str(n.target) for n in nodes if n.op == "call_function")
+    return LoweredGraph(
+        fn,
+        tensor_inputs,
+        has_rng,
+        num_outputs,
+        scalar_outputs,
+        dynamic,
+        input_metas,
+        output_metas,
+        dict(ops),
+        output_plan,
+        mutations,
+        host_sizes,
+        view_outputs,
+        layouts,
+    )
+
+
+def _symbolic_layout(meta: torch.Tensor) -> bool:
+    """Whether a value's layout is symbolic and not plainly contiguous from offset 0 (a
+    contiguous one is what a fresh output has anyway: most reshapes of a matmul's result)."""
+    layout = (*meta.shape, *meta.stride(), meta.storage_offset())
+    if not any(isinstance(d, torch.SymInt) and d.node.maybe_as_int() is None for d in layout):
+        return False
+    expr = [d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(d) for d in layout]
+    n = meta.dim()
+    shape, stride, offset = expr[:n], expr[n : 2 * n], expr[2 * n]
+    contiguous = sympy.Integer(1)
+    for d in reversed(range(n)):
+        if shape[d] != 1 and sympy.expand(stride[d] - contiguous) != 0:
+            return True
+        contiguous = contiguous * shape[d]
+    return sympy.expand(offset) != 0
+
+
+def _binding_key(bindings: dict) -> tuple:
+    return tuple(sorted((str(k), v) for k, v in bindings.items() if not _traced(v)))
+
+
+def _layout(meta: torch.Tensor, bindings: dict | None):
+    """``(size, stride, storage_offset)`` of a view output under ``bindings``, or ``None``
+    where a symbol is not bound to a number (a value read in the program)."""
+    bindings = {k: v for k, v in (bindings or {}).items() if not _traced(v)}
+    try:
+        size = concrete_shape(meta.shape, bindings)
+        stride = concrete_shape(meta.stride(), bindings)
+        offset = concrete_shape([meta.storage_offset()], bindings)[0]
+    except (ValueError, TypeError):
+        return None
+    return size, stride, offset
+
+
+def _is_view_op(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
+
+
+def _replayed_layout(out, env: dict, bindings: dict | None):
+    """The layout of view output ``out``, found by replaying its chain of view ops (with the
+    values their arguments have in this trace) on a ``meta`` tensor laid out as its base: a
+    graph input (its layout under ``bindings``) or a computed value (handed back contiguous).
+    A size or offset torch gave a fresh unbacked symbol (``narrow`` at ``u0``: offset ``u5``)
+    is known this way once ``u0`` is. ``None`` where an argument is a value read in the
+    program, or the chain is not views only."""
+    chain = []
+    node = out
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target is operator.getitem and _is_view_op(getattr(node.args[0], "target", None)):
+            chain.append(node)
+        elif _is_view_op(node.target):
+            chain.append(node)
+        else:
+            break
+        node = node.args[0]
+    if not chain or not isinstance(node, fx.Node):
+        return None
+    bound = {k: v for k, v in (bindings or {}).items() if not _traced(v)}
+    try:
+        if node.op == "placeholder":
+            meta = node.meta["val"]
+            size = concrete_shape(meta.shape, bound)
+            stride = concrete_shape(meta.stride(), bound)
+            offset = concrete_shape([meta.storage_offset()], bound)[0]
+        else:
+            size = tuple(env[node].shape)
+            stride = tuple(int(x) for x in np.cumprod((1, *size[:0:-1]))[::-1]) if size else ()
+            offset = 0
+        extent = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride, strict=True))
+        value = torch.empty(extent, device="meta").as_strided(size, stride, offset)
+        for n in reversed(chain):
+            if n.target is operator.getitem:
+                value = value[n.args[1]]
+                continue
+            args = [env[a] if isinstance(a, fx.Node) else a for a in n.args[1:]]
+            args = [list(a) if isinstance(a, list | tuple) else a for a in args]
+            if any(_traced(x) for x in torch.utils._pytree.tree_leaves(args)):
+                return None
+            value = n.target(value, *args, **n.kwargs)
+    except (ValueError, TypeError, RuntimeError, KeyError, IndexError):
+        return None
+    return tuple(value.shape), tuple(value.stride()), value.storage_offset()
+
+
+_READ_WHILE_TRACING = (
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten._assert_async.default,
+    torch.ops.aten._assert_async.msg,
+)
+_ALIASES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
+def _output_plan(outputs, placeholders) -> tuple[tuple, list]:
+    """Each declared output's source, and the outputs ``fn`` computes (see LoweredGraph)."""
+    index_of = {p: i for i, p in enumerate(placeholders)}
+    plan, computed, first = [], [], {}
+    for j, out in enumerate(outputs):
+        if isinstance(out, fx.Node) and out in index_of:
+            plan.append(("input", index_of[out]))
+        elif isinstance(out, fx.Node) and out in first:
+            plan.append(("dup", first[out]))
+        elif _alias_base(out) in first:
+            plan.append(("detach", first[_alias_base(out)]))
+        else:
+            if isinstance(out, fx.Node):
+                first[out] = j
+            plan.append(("out", len(computed)))
+            computed.append(out)
+    return tuple(plan), computed
+
+
+def _alias_base(out) -> fx.Node | None:
+    """The node a chain of ``detach``/``alias`` ops starts from (``detach(detach(exp))``, as the
+    min-cut partitioner saves a forward output), or ``None`` if ``out`` is no such chain."""
+    if not (isinstance(out, fx.Node) and out.target in _ALIASES):
+        return None
+    while isinstance(out, fx.Node) and out.target in _ALIASES and isinstance(out.args[0], fx.Node):
+        out = out.args[0]
+    return out
+
+
+def _mutations(nodes, placeholders, start: int) -> tuple[tuple, list]:
+    """The graph's in-graph input mutations (``copy_(placeholder, new)``) and the extra values
+    ``fn`` returns for them: each new value, then the pieces of delta write-backs."""
+    index_of = {p: i for i, p in enumerate(placeholders)}
+    mutations, extra = [], []
+
+    def result(v) -> int:
+        extra.append(v)
+        return start + len(extra) - 1
+
+    for n in nodes:
+        if n.op != "call_function" or n.target is not COPY_ or n.args[0] not in index_of:
+            continue
+        dst, src = n.args[0], n.args[1]
+        value_index = result(n)
+        delta = None
+        same_shape = _same_shape(dst, src)
+        if same_shape and isinstance(src, fx.Node) and src.args and src.args[0] is dst:
+            if src.target is torch.ops.aten.index_copy.default:
+                _, dim, index, source = src.args
+                delta = ("index_copy", dim, result(index), result(source))
+            elif src.target is torch.ops.aten.slice_scatter.default:
+                args = list(src.args) + [None] * (6 - len(src.args))
+                _, source, dim, begin, end, step = args
+                if all(isinstance(v, int | None) for v in (dim, begin, end, step)):
+                    delta = ("slice", dim or 0, begin, end, step or 1, result(source))
+        mutations.append(Mutation(index_of[dst], value_index, delta))
+    return tuple(mutations), extra
+
+
+def _same_shape(dst: fx.Node, src) -> bool:
+    a, b = dst.meta.get("val"), getattr(src, "meta", {}).get("val")
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+    )
+
+
+def _fresh(x):
+    return jnp.array(x, copy=True)
+
+
+def _constant(value):
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype == torch.bfloat16:
+            return jnp.asarray(value.view(torch.uint16).numpy()).view(jnp.bfloat16)
+        return jnp.asarray(value.resolve_conj().resolve_neg().contiguous().numpy())
+    return value
+
+
+def _is_random(target) -> bool:
+    if target is RUN_AND_SAVE_RNG:  # its key is drawn from the call's seed
+        return True
+    low = LOWERINGS.get(target)
+    return low is not None and low.random
+
+
+def _scannable(node: fx.Node) -> bool:
+    """Whether a node may be lowered inside a ``lax.scan`` body (scan_layers.py): no random
+    draw (each layer's draw number differs), no in-place input update, no effect token or RNG
+    state wrapper, no Python-level (symbolic size) arithmetic except taking a tuple's item."""
+    if node.target is operator.getitem:
+        return True
+    if node.target in PYTHON_OPS or node.target is COPY_ or node.target in _WRAPPERS:
+        return False
+    return not _is_random(node.target)
+
+
+def _rng_state(seed, start: int) -> jax.Array:
+    """The RNG state ``run_and_save_rng_state`` returns: the call's seed (uint32[2]) and the
+    number of the op's first draw, as uint8[12]."""
+    words = jnp.concatenate([jnp.asarray(seed, jnp.uint32), jnp.full((1,), start, jnp.uint32)])
+    return lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)
+
+
+def _replay(state) -> Callable[[], jax.Array]:
+    """``ctx.make_key`` replaying the draws a :func:`_rng_state` state starts: the i-th is
+    ``fold_in(base, start + i)``, as in the forward."""
+    words = lax.bitcast_convert_type(state.reshape(-1, 4), jnp.uint32)
+    base = jax.random.wrap_key_data(words[:2], impl="threefry2x32")
+    draws = iter(range(1 << 30))
+    return lambda: jax.random.fold_in(base, words[2] + next(draws))

@@ -1,0 +1,26 @@
+"""The ATen -> JAX lowering table, one module per op family.
+
+Import it as ``tpu_inductor.lowering.lowerings`` (never as a top-level ``lowerings``).
+"""
+
+from tpu_inductor.lowering.lowerings import (  # noqa: F401  (each module registers its family)
+    convolution,
+    creation,
+    factorizations,
+    fft,
+    flex_attention,
+    grouped,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    random,
+    reductions,
+    sampling,
+    sorting,
+    special,
+    views,
+)
+from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext, register_lowering
+
+__all__ = ["LOWERINGS", "LoweringContext", "register_lowering"]

@@ -1,0 +1,450 @@
+"""Repeated blocks lowered once: a run of identical layers becomes one ``jax.lax.scan``.
+
+A transformer's ``model.layers.0 .. N-1`` trace to N copies of the same ATen ops on different
+weights; unrolled, XLA compiles every copy again, so compile time grows with depth. With
+``options={"scan_layers": True}`` :func:`plan_scans` finds, in the graph ``lower.py`` walks,
+runs of consecutive blocks that are the same computation and lowers each run once, as the body
+of a ``lax.scan``:
+
+- a *block* is the contiguous nodes whose module path (``nn_module_stack``, in a backward graph
+  ``fwd_nn_module_stack``) is under the same ``<prefix>.<i>`` (the outermost numbered module:
+  ``model.layers.3``), plus the nodes without a module path that follow them (AOTAutograd's own
+  ops, such as gradient sums);
+- blocks ``i`` and ``i+1`` match when they have the same ops in the same order, with the same
+  non-tensor arguments and the same output shapes and dtypes, and read the same things: a
+  block's own earlier node, the previous block (the *carry*: the hidden state, its gradient),
+  the same outside value in every block (a *constant*: rotary tables, masks) or a different
+  outside value per block of one shape (the *per-layer inputs*: weights, saved activations,
+  stacked with ``jnp.stack`` as the scan's ``xs``);
+- a block's values used after the run (saved activations, weight gradients, a KV cache) come
+  out as the scan's stacked ``ys`` and are sliced apart; the last block's carry is the result.
+
+Anything else stays unrolled, with the reason logged at DEBUG on ``tpu_inductor.lowering.scan_layers``:
+a block with a random op (each layer's draw number differs), an in-place input update, an
+effect token or symbolic-size arithmetic; a graph with symbolic sizes; a block that reads a
+value two blocks back. The body is traced from the first block of the run, so the program's
+op metadata names that block's module path (``model.layers.0.mlp``) for every layer.
+
+Cost: ``jnp.stack`` copies the per-layer inputs once per call (the weights, in a training
+step; the saved activations, in a backward), and ``ys`` are sliced apart (a copy each). The
+README's Options and docs/architecture.md give the measured compile times and bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+import torch.fx as fx
+from jax import lax
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.node import map_arg
+
+log = logging.getLogger("tpu_inductor.lowering.scan_layers")
+
+# The first numbered module in a path: "L['self'].model.layers.3.mlp" -> ("...layers", 3).
+_NUMBERED = re.compile(r"^(.*?[A-Za-z_]\w*)\.(\d+)(?=\.|$)")
+_OUTSIDE = ("", -1)  # a node with a module path that is in no numbered module
+
+
+def layer_of(node: fx.Node) -> tuple[str, int] | None:
+    """The numbered module a node belongs to (``("model.layers", 3)``), :data:`_OUTSIDE` for a
+    node in no numbered module, ``None`` for a node with no module path at all."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    for entry in stack.values():
+        path = entry[0] if isinstance(entry, tuple | list) else str(entry)
+        m = _NUMBERED.match(str(path))
+        if m:
+            return m.group(1), int(m.group(2))
+    return _OUTSIDE
+
+
+def _labels(nodes: list[fx.Node], shared: set) -> dict:
+    """Each node's numbered module (:func:`layer_of`). The backward that ``compile_step``
+    traces (``autograd.grad`` inside the graph: nodes marked ``autograd_backward``) carries no
+    module path; its nodes take the layer of the forward values they read (a shared value
+    excepted), else of the backward values they read when those agree (the open block's
+    when it is one of them), so each layer's
+    gradient ops line up as a block as they do in AOTAutograd's own backward graph."""
+    labels: dict = {}
+    current = None
+    for n in nodes:
+        lab = layer_of(n)
+        if lab is None and n.meta.get("autograd_backward"):
+            fwd, bwd = set(), set()
+            for a in n.all_input_nodes:
+                if a in shared:
+                    continue
+                if a.meta.get("autograd_backward"):
+                    bwd.add(labels.get(a))
+                else:
+                    fwd.add(layer_of(a))
+            layers = [{x for x in fwd if x not in (None, _OUTSIDE)}, bwd - {None, _OUTSIDE}]
+            if current in layers[0] | layers[1]:
+                lab = current  # a node between two layers stays in the open block
+            else:
+                lab = next((ls.pop() for ls in layers if len(ls) == 1), None)
+            if lab is None and not any(layers) and _OUTSIDE in fwd | bwd:
+                lab = _OUTSIDE
+        labels[n] = lab
+        if lab is not None and n not in shared:
+            current = lab
+    return labels
+
+
+def _runs(nodes: list[fx.Node], shared: set, labels: dict) -> list[list[list[fx.Node]]]:
+    """Runs of consecutive blocks of one numbered module list (each block a list of nodes)."""
+    runs: list[list[list[fx.Node]]] = []
+    run: list[list[fx.Node]] | None = None
+    seen: list[tuple[str, int]] = []
+
+    def close():
+        nonlocal run
+        if run is not None and len(run) >= 2:
+            runs.append(run)
+        run = None
+        seen.clear()
+
+    for n in nodes:
+        if n in shared:
+            continue
+        if n.op not in ("call_function", "get_attr"):
+            close()
+            continue
+        lab = labels[n]
+        if lab is None:  # no module path: AOTAutograd's own op, part of the open block
+            if run is not None:
+                run[-1].append(n)
+            continue
+        if lab == _OUTSIDE:
+            close()
+            continue
+        if run is not None and lab == seen[-1]:
+            run[-1].append(n)
+        elif run is not None and lab[0] == seen[-1][0] and lab not in seen:
+            run.append([n])
+            seen.append(lab)
+        else:
+            close()
+            run, seen[:] = [[n]], [lab]
+    close()
+    return runs
+
+
+def _shared(nodes: list[fx.Node]) -> set:
+    """Nodes computed from outside values only (inputs, nodes of no numbered module) and read
+    by several layers: the rotary tables' ``unsqueeze`` that Dynamo's CSE left in the first
+    layer, the ``sin``/``cos`` the min-cut partitioner recomputes where the backward first
+    needs them. They are in no block: the main walk lowers them before the scan reads them."""
+    outside_only: set = set()
+    for n in nodes:
+        if n.op in ("call_function", "get_attr") and all(
+            a.op == "placeholder" or a in outside_only or layer_of(a) == _OUTSIDE
+            for a in n.all_input_nodes
+        ):
+            outside_only.add(n)
+    shared: set = set()
+    for n in reversed(nodes):
+        if n not in outside_only:
+            continue
+        layers = {layer_of(u) for u in n.users} - {None, _OUTSIDE}
+        if len(layers) >= 2 or any(u in shared for u in n.users):
+            shared.add(n)
+    return shared
+
+
+class _Const:
+    """A ``get_attr`` tensor compared by value (each block's constant is its own attribute)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        a, b = self.value, getattr(other, "value", None)
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.dtype != b.dtype or a.shape != b.shape:
+                return False
+            with unset_fake_temporarily():  # lower_graph may run under AOTAutograd's fake mode
+                return bool(torch.equal(a, b))
+        return type(a) is type(b) and a == b
+
+
+def _freeze(a) -> Any:
+    """Arguments made comparable with ``==`` (a tensor argument compares by identity)."""
+    if isinstance(a, list | tuple):
+        return (type(a).__name__, tuple(_freeze(x) for x in a))
+    if isinstance(a, dict):
+        return ("dict", tuple((k, _freeze(v)) for k, v in a.items()))
+    if isinstance(a, slice):
+        return ("slice", _freeze(a.start), _freeze(a.stop), _freeze(a.step))
+    if isinstance(a, torch.Tensor):
+        return ("tensor", id(a))
+    if isinstance(a, float) and a != a:
+        return ("nan",)
+    return a
+
+
+def _spec(val) -> Any:
+    """A value's shape and dtype (what must agree block to block)."""
+    if isinstance(val, torch.Tensor):
+        return ("T", tuple(val.shape), val.dtype)
+    if isinstance(val, list | tuple):
+        return tuple(_spec(v) for v in val)
+    return ("V", type(val).__name__, _freeze(val))
+
+
+def _describe(block: list[fx.Node], prev: list[fx.Node] | None, gm_attrs) -> tuple[list, list]:
+    """A block's structure (ops, arguments with reads of its own nodes as positions, specs) and
+    its other reads, leaf by leaf in ``map_arg`` order: ``("prev", pos)`` for the previous
+    block's node at ``pos``, ``("ext", node)`` for anything else."""
+    pos = {n: i for i, n in enumerate(block)}
+    prev_pos = {n: i for i, n in enumerate(prev)} if prev else {}
+    struct, refs = [], []
+    for p, n in enumerate(block):
+        leaves: list[fx.Node] = []
+
+        def sub(a, p=p, leaves=leaves):
+            if a in pos and pos[a] < p:
+                return ("local", pos[a])
+            leaves.append(a)
+            return ("slot",)
+
+        args = _freeze(map_arg((n.args, dict(n.kwargs)), sub))
+        target = _Const(gm_attrs(n.target)) if n.op == "get_attr" else n.target
+        struct.append((n.op, target, args, _spec(n.meta.get("val"))))
+        refs += [("prev", prev_pos[a]) if a in prev_pos else ("ext", a) for a in leaves]
+    return struct, refs
+
+
+@dataclasses.dataclass
+class ScanGroup:
+    """A run of matching blocks, lowered as one ``lax.scan`` at the run's last node.
+
+    Attributes:
+        blocks: the blocks, each a list of nodes; ``blocks[0]`` is traced as the body.
+        leaves: per body node, the kind of each non-local argument leaf in ``map_arg`` order:
+            ``("const", node)``, ``("xs", k)`` or ``("carry", k)``.
+        xs: per scanned input, the node of each block.
+        carry: per carry, ``(position in a block, initial node)``.
+        ys: positions whose value of every block is an output (stacked by the scan).
+        nodes: every node of the run (skipped by the main walk).
+    """
+
+    name: str
+    blocks: list[list[fx.Node]]
+    leaves: list[list[tuple]]
+    xs: list[tuple[fx.Node, ...]]
+    carry: list[tuple[int, fx.Node]]
+    ys: list[int]
+    needed: set
+    nodes: set = dataclasses.field(default_factory=set)
+
+    def run(self, env: dict, run_node, stacks: dict) -> None:
+        """Lower the run as one ``lax.scan``, putting each value used after it into ``env``.
+
+        ``run_node(node, args, kwargs)`` lowers one node (lower.py's dispatch). ``stacks``
+        (one per trace) maps each value an earlier scan sliced out of its ``ys`` to the stacked
+        array and index, so a later scan that reads them all (the backward reading the
+        forward's saved activations) takes the stacked array instead of stacking copies."""
+        template = self.blocks[0]
+        tpos = {n: i for i, n in enumerate(template)}
+        xs = tuple(_stacked([env[n] for n in nodes], stacks) for nodes in self.xs)
+        init = tuple(env[node] for _, node in self.carry)
+
+        def body(carry, x):
+            local: list[Any] = []
+            for p, n in enumerate(template):
+                kinds = iter(self.leaves[p])
+
+                def sub(a, p=p, kinds=kinds):
+                    if a in tpos and tpos[a] < p:
+                        return local[tpos[a]]
+                    kind, v = next(kinds)
+                    return env[v] if kind == "const" else x[v] if kind == "xs" else carry[v]
+
+                args, kwargs = map_arg((n.args, dict(n.kwargs)), sub)
+                local.append(run_node(n, args, kwargs))
+            new = tuple(
+                local[p].astype(c.dtype) for (p, _), c in zip(self.carry, carry, strict=True)
+            )
+            return new, tuple(local[p] for p in self.ys)
+
+        final, ys = lax.scan(body, init, xs)
+        for k, p in enumerate(self.ys):
+            for i, block in enumerate(self.blocks):
+                if block[p] in self.needed:
+                    env[block[p]] = ys[k][i]
+                    stacks[id(env[block[p]])] = (ys[k], i, env[block[p]])
+        for k, (p, _) in enumerate(self.carry):
+            last = self.blocks[-1][p]
+            if last in self.needed and last not in env:
+                env[last] = final[k]
+
+
+def _stacked(values: list, stacks: dict):
+    """``jnp.stack(values)``, or the array they were sliced from (in order, or reversed: the
+    backward runs the layers last to first) when an earlier scan made them."""
+    found = [stacks.get(id(v)) for v in values]
+    if all(f is not None and f[2] is v for f, v in zip(found, values, strict=True)):
+        whole = found[0][0]
+        index = [f[1] for f in found]
+        if all(f[0] is whole for f in found) and len(values) == whole.shape[0]:
+            if index == list(range(len(values))):
+                return whole
+            if index == list(range(len(values)))[::-1]:
+                return jnp.flip(whole, 0)
+    return jnp.stack(values)
+
+
+def _analyze(name, blocks, keep, gm_attrs) -> ScanGroup | str:
+    """The scan of a run of blocks of equal structure, or why it can't be one."""
+    window = {n for b in blocks for n in b}
+    per_block = [
+        _describe(b, blocks[i - 1] if i else None, gm_attrs)[1] for i, b in enumerate(blocks)
+    ]
+    leaves_flat, xs, carry = [], [], {}
+    for col in zip(*per_block, strict=True):
+        for kind, v in col:
+            if kind == "ext" and v in window:
+                return f"a block reads {v.name}, a value of a block before the previous one"
+        first_kind, first = col[0]
+        if all(c == ("ext", first) for c in col):
+            leaves_flat.append(("const", first))
+        elif first_kind == "ext" and len({c for c in col[1:]}) == 1 and col[1][0] == "prev":
+            p = col[1][1]
+            if carry.setdefault(p, first) is not first:
+                return f"the carry into position {p} starts from two different values"
+            leaves_flat.append(("carry", p))
+        elif all(k == "ext" for k, _ in col):
+            nodes = tuple(v for _, v in col)
+            specs = {_spec(n.meta.get("val")) for n in nodes}
+            if len(specs) != 1 or next(iter(specs))[0] != "T":
+                return f"per-layer inputs {', '.join(n.name for n in nodes)} differ in shape"
+            if nodes not in xs:
+                xs.append(nodes)
+            leaves_flat.append(("xs", nodes))
+        else:
+            return "an argument is the previous block's value in some blocks only"
+    if not carry:
+        return "no value flows from one block to the next (not a stack of layers)"
+    carry_list = sorted(carry.items())
+    carry_index = {p: k for k, (p, _) in enumerate(carry_list)}
+    for p, init in carry_list:
+        want = _spec(blocks[0][p].meta.get("val"))
+        if want[0] != "T" or _spec(init.meta.get("val")) != want:
+            return f"the carry {init.name} -> {blocks[0][p].name} changes shape or dtype"
+    needed, ys = set(), []
+    for p in range(len(blocks[0])):
+        used = [b[p] for b in blocks if b[p] in keep or any(u not in window for u in b[p].users)]
+        if not used:
+            continue
+        needed.update(used)
+        if used == [blocks[-1][p]] and p in carry_index:
+            continue  # the final carry
+        if _spec(blocks[0][p].meta.get("val"))[0] != "T":
+            return f"{blocks[0][p].name}, used after the run, is not a tensor"
+        ys.append(p)
+    leaves, it = [], iter(leaves_flat)
+    for n in blocks[0]:
+        count = 0
+        pos = {m: i for i, m in enumerate(blocks[0])}
+
+        def tally(a, n=n, pos=pos):
+            nonlocal count
+            if not (a in pos and pos[a] < pos[n]):
+                count += 1
+            return a
+
+        map_arg((n.args, dict(n.kwargs)), tally)
+        row = []
+        for _ in range(count):
+            kind, v = next(it)
+            if kind == "xs":
+                v = xs.index(v)
+            elif kind == "carry":
+                v = carry_index[v]
+            row.append((kind, v))
+        leaves.append(row)
+    return ScanGroup(name, blocks, leaves, xs, carry_list, ys, needed, window)
+
+
+def plan_scans(
+    nodes: list[fx.Node], *, keep: set, unscannable: set, dynamic: bool, gm: fx.GraphModule
+) -> dict[fx.Node, ScanGroup]:
+    """Find the runs of matching blocks in a graph and plan one scan for each.
+
+    Args:
+        nodes: the graph's nodes, in order.
+        keep: nodes the lowered function returns besides through ``users`` (mutation deltas).
+        unscannable: nodes that can't be in a scan body (random draws, in-place updates, values
+            read while tracing, symbolic-size arithmetic).
+        dynamic: whether the graph has symbolic sizes (then nothing is scanned).
+        gm: the graph module (for ``get_attr`` constants).
+
+    Returns:
+        Each scan by the last node of its run (where it is lowered: every value it reads from
+        outside, such as a hoisted constant, comes before that node).
+    """
+    if dynamic:
+        log.debug("scan_layers: a graph with symbolic sizes stays unrolled")
+        return {}
+
+    def gm_attrs(target):
+        return getattr(gm, target)
+
+    groups: dict[fx.Node, ScanGroup] = {}
+    shared = _shared(nodes)
+    labels = _labels(nodes, shared)
+    for run in _runs(nodes, shared, labels):
+        name = "{}.{}..".format(*labels[run[0][0]])
+        s = 0
+        while s < len(run) - 1:
+            members, j = [run[s]], s + 1
+            if any(n in unscannable for n in run[s]):
+                log.debug("scan_layers: %s stays unrolled (a random, in-place or size op)", name)
+                s += 1
+                continue
+            extra = len(run[s]) - len(run[s + 1])
+            if extra > 0:  # ops of the model's tail at the start of the backward's first block
+                head = run[s][extra:]
+                if _describe(head, None, gm_attrs)[0] == _describe(run[s + 1], head, gm_attrs)[0]:
+                    run[s] = head
+            members = [run[s]]
+            tmpl = _describe(run[s], None, gm_attrs)[0]
+            while j < len(run):
+                cand = run[j]
+                cut = len(cand) > len(run[s])
+                if cut and all(labels[n] is None for n in cand[len(run[s]) :]):
+                    cand = cand[: len(run[s])]  # AOTAutograd's ops after the run's last block
+                else:
+                    cut = False
+                if any(n in unscannable for n in cand):
+                    break
+                if _describe(cand, members[-1], gm_attrs)[0] != tmpl:
+                    break
+                members.append(cand)
+                j += 1
+                if cut:
+                    break
+            if len(members) >= 2:
+                group = _analyze(name, members, keep, gm_attrs)
+                if isinstance(group, str):
+                    log.debug("scan_layers: %s stays unrolled: %s", name, group)
+                else:
+                    groups[members[-1][-1]] = group  # after everything the scan reads
+                    log.info(
+                        "scan_layers: %d blocks of %d ops from %s lowered as one lax.scan",
+                        len(members),
+                        len(members[0]),
+                        members[0][0].name,
+                    )
+            else:
+                log.debug("scan_layers: block %d of %s matches no neighbour", s, name)
+            s = max(j, s + 1)
+    return groups

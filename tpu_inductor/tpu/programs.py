@@ -1,0 +1,337 @@
+"""Programs compiled for a TPU target, and what the TPU compiler says of each.
+
+``compile_only.TargetGraph`` calls :func:`record` once per program it compiles; each
+:class:`Program` keeps XLA's own figures (``memory_analysis()``: HBM per chip by kind;
+``cost_analysis()``: FLOPs, bytes accessed, transcendentals and, where it has one, its time
+estimate) and the top-level ops of the optimized HLO (``hlo.py``), each named by the torch
+module path and source line it was lowered from. ``tpu_report.py`` turns them into the report a
+person reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+
+from tpu_inductor.core.errors import TargetCompileError
+from tpu_inductor.tpu import hlo
+from tpu_inductor.tpu.targets import Target
+
+_lock = threading.Lock()
+PROGRAMS: list[Program] = []  # in compile order; tpu_inductor.reset() clears it
+
+# compile_step's traceable optimizer steps (train_step.py) call torch/optim's functional updates
+_OPTIMIZER_FILES = ("/torch/optim/", "/tpu_inductor/training/train_step.py")
+TRAINING_STEP = "training step"
+
+
+def role_of(gm, kind: str) -> str:
+    """What a graph does in a step, as far as its code tells: ``forward``, ``backward``,
+    ``training step`` (a graph that differentiates inside itself, ``loss.backward()`` traced
+    into it, and updates parameters: ``compile_step``'s one program), ``forward+backward``
+    (differentiates, no optimizer), ``optimizer`` (most of its ops from ``torch/optim``) or
+    ``inference`` (see :func:`cache_role` for decode and prefill); ``-island`` kinds keep their
+    suffix."""
+    base, _, island = kind.partition("-")
+    if base != "inference":
+        return kind
+    suffix = f"-{island}" if island else ""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    traces = [n.meta.get("stack_trace") or "" for n in calls]
+    from_optim = sum(any(f in t for f in _OPTIMIZER_FILES) for t in traces)
+    if any(n.meta.get("autograd_backward") for n in calls):  # AOTAutograd's backward nodes
+        return (TRAINING_STEP if from_optim else "forward+backward") + suffix
+    if traces and from_optim > len(traces) // 2:
+        return "optimizer" + suffix
+    return kind
+
+
+def cache_role(role: str, lowered, out_info) -> str:
+    """``decode`` / ``prefill`` for an inference graph that writes one / several rows into an
+    input in place (a static KV cache: ``index_copy_`` or a slice assignment), else ``role``."""
+    if not role.startswith("inference"):
+        return role
+    outs = list(out_info)
+    rows = []
+    for m in lowered.mutations:
+        delta = m.delta
+        if delta is None:
+            continue
+        source = outs[delta[-1]] if delta[-1] < len(outs) else None
+        dim = delta[1]
+        if source is not None and len(source.shape) > dim % max(len(source.shape), 1):
+            rows.append(source.shape[dim])
+    if not rows:
+        return role
+    return role.replace("inference", "decode" if max(rows) == 1 else "prefill")
+
+
+@dataclasses.dataclass
+class Program:
+    """One XLA program compiled for a target (one executable of one graph).
+
+    Attributes:
+        name: ``graph3-backward#0`` (``graph``, the graph's name, then the executable's number).
+        kind / role: AOTAutograd's kind and what it does in a step (:func:`role_of`).
+        target: the topology; ``chips``: how many of its chips the program spans.
+        inputs: ``(shape, dtype)`` per tensor input; ``donated_bytes``: inputs it may overwrite.
+        error: why it did not compile (``None`` when it did), with the user's source line.
+        compile_seconds: wall time of tracing, lowering and the TPU compile.
+        memory: ``memory_analysis()`` per chip: ``argument``, ``output``, ``temp``, ``alias``,
+            ``code`` bytes (empty when the compile failed).
+        flops, bytes_accessed, transcendentals: ``cost_analysis()`` of the program (per chip).
+        xla_seconds: XLA's own time estimate, ``None`` where it gives none (a negative value).
+        ops: the top-level ops of the optimized HLO, with estimates and sources (``hlo.Op``).
+        matmul_flops: ``(operand dtype, precision) -> FLOPs`` of its matmuls (from the jaxpr).
+        out_info: the outputs' shapes and dtypes; ``hlo_text``: the optimized HLO module.
+        comms: the collectives of the optimized HLO (:class:`Comm`: kind, bytes, mesh axes,
+            link and time).
+        values: per tensor input, a :class:`Value` (which tensor, what it is, bytes per
+            device), for the step's memory (``tpu_report.Step``).
+    """
+
+    name: str
+    graph: str
+    kind: str
+    role: str
+    target: Target
+    chips: int
+    inputs: list
+    donated_bytes: int
+    error: str | None
+    compile_seconds: float
+    memory: dict = dataclasses.field(default_factory=dict)
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+    transcendentals: float = 0.0
+    xla_seconds: float | None = None
+    ops: list = dataclasses.field(default_factory=list)
+    matmul_flops: dict = dataclasses.field(default_factory=dict)
+    out_info: tuple = ()
+    hlo_text: str = dataclasses.field(default="", repr=False)
+    raw_error: str | None = dataclasses.field(default=None, repr=False)
+    comms: list = dataclasses.field(default_factory=list)
+    values: list = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the TPU compiler accepted the program."""
+        return self.error is None
+
+    @property
+    def peak_bytes(self) -> int:
+        """HBM the program needs per device while it runs: its arguments, its outputs that do
+        not reuse a donated argument's buffer, its temporaries and its code, or XLA's own peak
+        (``memory_analysis().peak_memory_in_bytes``) where that is larger."""
+        m = self.memory
+        if not m:
+            return 0
+        summed = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
+        return max(summed, m.get("peak", 0))
+
+    @property
+    def hbm_bytes(self) -> int:
+        """The HBM a program may use on one device: libtpu's usable figure (the datasheet's
+        capacity less what libtpu keeps for itself; ``targets.Chip.usable_hbm_bytes``)."""
+        return self.target.chip.usable_hbm_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether :attr:`peak_bytes` fits in one device's usable HBM (and it compiled)."""
+        return self.compiled and self.peak_bytes <= self.hbm_bytes
+
+    @property
+    def compute_seconds(self) -> float:
+        """The program's matmul FLOPs at the MXU's peak for their operand dtype and precision
+        (float32 at HIGHEST is 6 bf16 passes). Elementwise FLOPs are left to the memory side:
+        they run on the vector unit at the speed of the bytes they read."""
+        chip = self.target.chip
+        return sum(f / chip.peak_flops(d, p) for (d, p), f in self.matmul_flops.items())
+
+    @property
+    def total_matmul_flops(self) -> float:
+        """FLOPs of the program's matmuls and convolutions (all dtypes)."""
+        return sum(self.matmul_flops.values())
+
+    @property
+    def memory_seconds(self) -> float:
+        """The program's bytes accessed at the chip's HBM bandwidth."""
+        return self.bytes_accessed / self.target.chip.hbm_bytes_per_s
+
+    @property
+    def comm_seconds(self) -> float:
+        """The program's collectives at the chip's ICI bandwidth (DCN between slices), one
+        after another (:class:`Comm`)."""
+        return sum(c.seconds for c in self.comms)
+
+    @property
+    def roofline_seconds(self) -> float:
+        """A lower bound on the program's time: the largest of :attr:`compute_seconds`,
+        :attr:`memory_seconds` and :attr:`comm_seconds`. Overlap model: XLA's TPU scheduler
+        runs collectives asynchronously beside compute and HBM traffic, so at best they hide
+        each other completely and the slowest of the three sets the time."""
+        return max(self.compute_seconds, self.memory_seconds, self.comm_seconds)
+
+    @property
+    def bound(self) -> str:
+        """``"compute"``, ``"memory"`` or ``"ICI"`` (``"DCN"`` when the collectives between
+        slices dominate): which side of the roofline the program is on."""
+        sides = {"compute": self.compute_seconds, "memory": self.memory_seconds}
+        if self.comms:
+            dcn = sum(c.seconds for c in self.comms if c.link == "DCN")
+            sides["DCN" if dcn > self.comm_seconds / 2 else "ICI"] = self.comm_seconds
+        return max(sides, key=sides.get)
+
+
+@dataclasses.dataclass
+class Comm:
+    """One collective of a program, placed on the mesh and timed.
+
+    Attributes:
+        op: the collective as the optimized HLO has it (``hlo.Collective``: kind, bytes).
+        axes: the mesh axes its group spans (``"data"``, ``"data,model"``), ``"?"`` when the
+            group matches no set of axes.
+        link: ``"ICI"``, or ``"DCN"`` when its group spans slices.
+        seconds: ring model: :meth:`hlo.Collective.ring_bytes` over the link's bidirectional
+            bandwidth per device (all of a chip's ICI links at once: a lower bound).
+    """
+
+    op: hlo.Collective
+    axes: str
+    link: str
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """A tensor input of a program: ``key`` identifies the torch tensor across the programs of
+    a step; ``kind``: ``parameter``, ``state`` (updated in place: optimizer state, a KV cache,
+    buffers) or ``other``; ``bytes``: its bytes on one device (its shard)."""
+
+    key: int
+    kind: str
+    bytes: int
+
+
+def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
+    """Name each collective's mesh axes and link, and time it (:class:`Comm`)."""
+    chip = target.chip
+    flat = list(mesh.devices.flat) if mesh is not None else list(target.devices[:1])
+    shape = mesh.devices.shape if mesh is not None else (1,)
+    names = mesh.axis_names if mesh is not None else ("-",)
+    comms = []
+    for op in ops:
+        if op.kind == hlo.DCN_TRANSFER:
+            seconds = op.ring_bytes() / (chip.dcn_bytes_per_s or chip.ici_bytes_per_s)
+            comms.append(Comm(op, "slices", "DCN", seconds))
+            continue
+        group = [i for i in op.group if i < len(flat)]
+        axes = "?"
+        if group:
+            coords = np.array(np.unravel_index(group, shape))
+            varying = [names[d] for d in range(len(shape)) if len(set(coords[d])) > 1]
+            axes = ",".join(varying) or "-"
+        slices = {getattr(flat[i], "slice_index", 0) or 0 for i in group}
+        link = "DCN" if len(slices) > 1 else "ICI"
+        bandwidth = chip.dcn_bytes_per_s if link == "DCN" else chip.ici_bytes_per_s
+        seconds = op.ring_bytes() / (bandwidth or chip.ici_bytes_per_s)
+        comms.append(Comm(op, axes, link, seconds))
+    return comms
+
+
+def record(
+    *,
+    name: str,
+    graph: str,
+    kind: str,
+    role: str,
+    target: Target,
+    chips: int,
+    inputs: list,
+    out_info,
+    compiled,
+    error: Exception | None,
+    jaxpr,
+    seconds: float,
+    donated: list,
+    mesh=None,
+    values: list | None = None,
+) -> Program:
+    """Describe one compiled (or refused) program and add it to :data:`PROGRAMS`."""
+    program = Program(
+        name=name,
+        graph=graph,
+        kind=kind,
+        role=role,
+        target=target,
+        chips=chips,
+        inputs=[(tuple(s.shape), str(s.dtype)) for s in inputs],
+        donated_bytes=sum(_nbytes(s) for s in donated),
+        error=None if error is None else explain_error(error, jaxpr, target),
+        raw_error=None if error is None else str(error),
+        compile_seconds=seconds,
+        out_info=tuple(jax.tree_util.tree_leaves(out_info, is_leaf=lambda x: x is None)),
+        matmul_flops=hlo.matmul_flops(jaxpr),
+        values=list(values or ()),
+    )
+    if compiled is not None:
+        _describe(program, compiled)
+        ops = hlo.collectives(program.hlo_text, target.num_devices)
+        program.comms = place_collectives(ops, target, mesh)
+    with _lock:
+        PROGRAMS.append(program)
+    return program
+
+
+def _nbytes(spec) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+
+def _describe(program: Program, compiled) -> None:
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        program.memory = {
+            "argument": mem.argument_size_in_bytes,
+            "output": mem.output_size_in_bytes,
+            "temp": mem.temp_size_in_bytes,
+            "alias": mem.alias_size_in_bytes,
+            "code": mem.generated_code_size_in_bytes,
+            "peak": getattr(mem, "peak_memory_in_bytes", 0) or 0,
+        }
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per computation
+        cost = cost[0] if cost else {}
+    program.flops = float(cost.get("flops", 0.0))
+    program.bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    program.transcendentals = float(cost.get("transcendentals", 0.0))
+    estimate = cost.get("optimal_seconds")
+    # XLA returns a negative time when it has no estimate: that is no time at all
+    program.xla_seconds = float(estimate) if estimate is not None and estimate > 0 else None
+    program.hlo_text = compiled.as_text()
+    program.ops = hlo.top_ops(program.hlo_text)
+
+
+def explain_error(error: Exception, jaxpr, target: Target) -> str:
+    """The TPU compiler's refusal in a user's words: what, where in their code, what to do."""
+    return hlo.explain(error, jaxpr, target)
+
+
+def clear() -> None:
+    """Forget every recorded program (``tpu_inductor.reset()``)."""
+    with _lock:
+        PROGRAMS.clear()
+
+
+__all__ = [
+    "PROGRAMS",
+    "Comm",
+    "Program",
+    "Value",
+    "TargetCompileError",
+    "clear",
+    "record",
+    "role_of",
+]
