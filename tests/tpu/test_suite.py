@@ -36,7 +36,7 @@ FAMILIES = {
     "cnn": ("resnet", False),
     "audio": ("whisper", False),
     "text-image": ("clip", False),
-    "timm": ("timm_resnet", False),
+    "timm": ("timm_resnet", True),  # a ResNet training step (libtpu crashed: issue 30.4)
     "diffusion": ("unet2d_condition", False),
 }
 
