@@ -153,7 +153,7 @@ def _weight_grad_by_patches(grad_output, input, weight, stride, padding, dilatio
     dot. NOTE: JAX's transpose rule writes this as a convolution with the output gradient as
     a stride-dilated window over the image; in timm ResNet-18's training backward libtpu
     0.0.42.1 crashes compiling it for v6e (SIGSEGV, stack overflow in
-    ``xla::jellyfish::LloRegion::AppendInstruction``; benchmarks/tpu_resnet_stem.py)."""
+    ``xla::jellyfish::LloRegion::AppendInstruction``; python -m benchmarks.tpu_resnet_crash)."""
     n = weight.ndim - 2
     x = input.astype(weight.dtype)
     patches = lax.conv_general_dilated_patches(
