@@ -81,9 +81,15 @@ def test_max_pool_backward_sums_each_inputs_gradients(
     [(2, 2, 3, 1), (2, (2, 3), (1, 0), (1, 2)), (1, 3, 2, 1), (3, 2, 1, 1)],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_strided_stem_conv_weight_grad_by_patches(dims, stride, padding, dilation, dtype):
+def test_strided_stem_conv_weight_grad_by_patches(
+    dims, stride, padding, dilation, dtype, monkeypatch
+):
     """A strided convolution over 3 channels (a CNN stem) takes its weight gradient as patches
-    x output gradient (one dot): the input, weight and bias gradients equal eager's."""
+    x output gradient (one dot; on TPUs only, forced here): the input, weight and bias
+    gradients equal eager's."""
+    from tpu_inductor.lowerings import convolution
+
+    monkeypatch.setattr(convolution, "_PATCHES_PLATFORMS", ("tpu", "cpu"))
     torch.manual_seed(0)
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)[dims - 1]
     layer = conv(3, 8, (5, 4, 3)[:dims], stride, padding, dilation).to(dtype)
