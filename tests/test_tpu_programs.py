@@ -1,10 +1,12 @@
 """The TPU-program benchmark (``benchmarks/tpu_programs.py``) is an honest comparison: its
-hand-written JAX Llama computes what the transformers Llama computes, from the same weights
-(logits, KV cache, loss, every gradient, every parameter after an AdamW step), and its runner
-measures programs in --small mode without a TPU.
+hand-written JAX Llama, ViT, BERT and ResNet compute what the torch models compute, from the same
+weights (logits, KV cache, loss, every gradient, every parameter after an AdamW step, BatchNorm's
+running statistics), and its runner keeps earlier rows honestly (``--merge``).
 """
 
 from __future__ import annotations
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -328,3 +330,35 @@ def test_hand_written_resnet_matches_timm(dtype):
     with torch.no_grad():
         expected = model(pixels)
     _close(R.jitted_forward(sizes)(new_params, step_stats, jpix), _np(expected), 1e-5, "eval")
+
+
+def test_merge_keeps_earlier_rows_of_the_same_sizes_with_their_conditions(tmp_path):
+    from benchmarks import tpu_programs as T
+    from benchmarks.tpu_workloads import BATCH, SIZES
+
+    def run(date, rows, sizes=None):
+        return {
+            "target": "v5e:2x2",
+            "small": True,
+            "sizes": sizes or {m: SIZES[m][True] for m in SIZES},
+            "batch": {m: list(BATCH[m][True]) for m in BATCH},
+            "conditions": {"date": date, "command": "x", "load_before": [1.0]},
+            "rows": rows,
+        }
+
+    path = tmp_path / "r.json"
+    old_sizes = {m: SIZES[m][True] for m in SIZES}
+    old_sizes["vit"] = dict(old_sizes["vit"], layers=9)  # the ViT's sizes changed since
+    rows = {"train-f32": {"hand": 1}, "bert-train-f32": {"hand": 2}, "vit-train-f32": {"hand": 3}}
+    path.write_text(json.dumps(run("d1", rows, old_sizes)))
+    data = run("d2", {})
+    T._merge_earlier(data, path, ["bert-train-f32"])
+    # measured now: not kept; another size: dropped; the Llama's row: kept, with its run's date
+    assert data["rows"] == {"train-f32": {"hand": 1}}
+    assert data["earlier"]["train-f32"]["date"] == "d1"
+    assert "train-f32" in " ".join(T._earlier_lines(data))
+    # merged again later, a row keeps the conditions of the run that measured it
+    path.write_text(json.dumps(data))
+    again = run("d3", {})
+    T._merge_earlier(again, path, [])
+    assert again["earlier"]["train-f32"]["date"] == "d1"
