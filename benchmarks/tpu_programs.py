@@ -616,8 +616,10 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-README_START = "<!-- tpu-programs:start -->"
-README_END = "<!-- tpu-programs:end -->"
+README_START = (
+    "<!-- tpu-programs:start -->"  # the block of tpu-programs.json; tpu-programs-small.json
+)
+README_END = "<!-- tpu-programs:end -->"  # has its own (tpu-programs-small:start ...)
 CONTENDER_NAMES = {
     "hand": "hand-written JAX (1 jitted program)",
     "ours-3prog": "ours, model + `opt.step` compiled apart",
@@ -629,12 +631,19 @@ def _load(values) -> str:
     return "n/a" if not values else f"{values[0]:.1f}"
 
 
-def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | None) -> str:
+def readme_block(
+    data: dict,
+    levers: dict | None,
+    rel_json: str,
+    rel_png: str | None,
+    markers: tuple[str, str] = (README_START, README_END),
+) -> str:
     """The README's TPU-programs block, from a results file (and the levers file)."""
+    start, end = markers
     c = data["conditions"]
     v = c["versions"]
     lines = [
-        README_START,
+        start,
         f"<!-- Written by python -m benchmarks.tpu_programs --readme from {rel_json}; "
         "do not edit by hand. -->",
         "",
@@ -645,8 +654,8 @@ def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | 
         "",
         f"Command: `{c['command']}`.",
         "",
-        f"Models: {describe(data['sizes'], data['batch'])}. float32 matmuls and convolutions at "
-        "HIGHEST on both sides. "
+        f"Models: {describe(_measured(data['sizes'], data['rows']), data['batch'])}. "
+        "float32 matmuls and convolutions at HIGHEST on both sides. "
         "Bytes and FLOPs are XLA's `cost_analysis` of each program, summed over a step's "
         "programs; HBM peak is `memory_analysis` (arguments + outputs - donated + temporaries + "
         "code; for a split step, the largest program's plus the state it leaves on the chip); "
@@ -692,8 +701,14 @@ def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | 
         ]
     if rel_png:
         lines += ["", f"![ours / hand-written JAX per figure]({rel_png})"]
-    lines += ["", README_END]
+    lines += ["", end]
     return "\n".join(lines)
+
+
+def _measured(sizes: dict, rows: dict) -> dict:
+    """The sizes of the models that have rows."""
+    models = {parse_workload(w)[0] for w in rows}
+    return {m: s for m, s in sizes.items() if m in models}
 
 
 def _earlier_lines(data: dict) -> list[str]:
@@ -714,20 +729,27 @@ def _earlier_lines(data: dict) -> list[str]:
 
 
 def write_readme(json_path: Path, readme: Path) -> None:
-    """Rewrite ``readme``'s TPU-programs block from ``json_path`` (and ``tpu-levers.json``
-    beside it, when there is one)."""
+    """Rewrite ``readme``'s block of ``json_path`` (``<!-- STEM:start -->`` ... ``end``, STEM
+    the file's name without ``.json``), with ``tpu-levers.json``'s table in the block of
+    ``tpu-programs.json``."""
     data = json.loads(json_path.read_text())
+    stem = json_path.stem
+    markers = (README_START, README_END)
+    if stem != "tpu-programs":
+        markers = (f"<!-- {stem}:start -->", f"<!-- {stem}:end -->")
     levers_path = json_path.with_name("tpu-levers.json")
-    levers = json.loads(levers_path.read_text()) if levers_path.exists() else None
+    levers = None
+    if stem == "tpu-programs" and levers_path.exists():
+        levers = json.loads(levers_path.read_text())
     base = readme.resolve().parent
     png = json_path.with_suffix(".png")
     rel = lambda q: Path(os.path.relpath(q.resolve(), base)).as_posix()  # noqa: E731
-    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None)
+    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None, markers)
     text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"{readme}: no {README_START} ... {README_END} block to rewrite")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
+    if markers[0] not in text or markers[1] not in text:
+        raise SystemExit(f"{readme}: no {markers[0]} ... {markers[1]} block to rewrite")
+    head, rest = text.split(markers[0], 1)
+    _, tail = rest.split(markers[1], 1)
     readme.write_text(head + block + tail)
 
 
