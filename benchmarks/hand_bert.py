@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import hand_llama
-from benchmarks.hand_vit import _layer_norm, _linear
+from benchmarks.hand_vit import _layer_norm, _linear, jit_forward, jit_train_step
 
 IGNORE = -100  # torch's CrossEntropyLoss ignore_index: positions that are not predicted
 
@@ -183,22 +183,9 @@ def loss_fn(sizes: BertSizes, params: Params, ids, labels):
 def jitted_train_step(sizes: BertSizes, hp: hand_llama.AdamW | None = None):
     """One training step (loss, gradients, AdamW) jitted with parameters and optimizer state
     donated, float32 matmuls at HIGHEST."""
-    hp = hp or hand_llama.AdamW()
-
-    def step(params, state, ids, labels):
-        with jax.default_matmul_precision("highest"):
-            loss, grads = jax.value_and_grad(lambda p: loss_fn(sizes, p, ids, labels))(params)
-            params, state = hand_llama.adamw_update(hp, params, grads, state)
-        return params, state, loss
-
-    return jax.jit(step, donate_argnums=(0, 1))
+    return jit_train_step(loss_fn, sizes, hp)
 
 
 def jitted_forward(sizes: BertSizes):
     """The inference forward (prediction scores), jitted."""
-
-    def fwd(params, ids):
-        with jax.default_matmul_precision("highest"):
-            return forward(sizes, params, ids)
-
-    return jax.jit(fwd)
+    return jit_forward(forward, sizes)
