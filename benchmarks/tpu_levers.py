@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.tpu_programs import RATIO_KEYS, RESULTS, ROOT, derive, totals
+from benchmarks.tpu_workloads import RATIO_KEYS, RESULTS, ROOT, derive, totals
 
 # (label, commit of branch issue22, contender, internal switches): each lever on top of the ones
 # before it. d7dfeef is the backend before any of them (main + compile_step, which a split step
