@@ -59,3 +59,37 @@ def test_half_precision_projections_need_no_layout_copies(dtype, monkeypatch):
     # out again for the heads), none with it.
     assert before > 0
     assert after == 0
+
+
+def test_hand_written_step_split_like_ours(tmp_path):
+    """``hand-2prog`` / ``hand-3prog`` (the floor of a split step) compile 2 and 3 programs;
+    the split moves more bytes than the one-program step and computes the same FLOPs."""
+    import json
+
+    from benchmarks import tpu_programs
+
+    rc = tpu_programs.main(
+        [
+            "--small",
+            "--only", "train-bf16",
+            "--contenders", "hand,hand-2prog,hand-3prog",
+            "--in-process",
+            "--out-dir", str(tmp_path),
+            "--name", "split",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads((tmp_path / "split.json").read_text())
+    rows, derived = data["rows"]["train-bf16"], data["derived"]["train-bf16"]
+    assert [p["name"] for p in rows["hand-2prog"]["programs"]] == [
+        "forward-backward",
+        "optimizer",
+    ]
+    assert [p["name"] for p in rows["hand-3prog"]["programs"]] == [
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+    for split in ("hand-2prog", "hand-3prog"):
+        assert derived[split]["bytes"] > 1.0, derived
+        assert derived[split]["flops"] == pytest.approx(1.0, rel=0.05), derived
