@@ -8,6 +8,9 @@ rows are compiled once and reused (``--hand-from``). Writes
 ``benchmarks/results/tpu-levers.json`` (every run's results, in lever order) and prints the
 table of ratios ours / hand after each lever.
 
+``--issue 30`` measures issue 30's levers instead (:data:`ISSUE30`): each is a switch of this
+checkout's backend, compiled off and on per workload (``benchmarks/results/tpu-levers-30.json``).
+
 Levers are cumulative, in the order they were committed. Takes a while: each float32 step is a
 few minutes of TPU compile on a CPU.
 """

@@ -12,7 +12,9 @@ training step, two ways, and reads XLA's own analysis of each:
 - **ours**: what ``torch.compile(..., backend="tpu", options={"target": ...})`` compiles for the
   user's code (``tpu_inductor.programs`` records each program). ``3prog``: the model and
   ``opt.step`` compiled separately (forward, backward and AdamW programs); ``1prog``: the whole
-  step compiled as one function with ``tpu_inductor.compile_step`` (one program).
+  step compiled as one function with ``tpu_inductor.compile_step`` (one program);
+- **hand-2prog** / **hand-3prog** (not run by default): the hand-written step split as a split
+  step is (loss and gradients, then AdamW; or forward, backward, AdamW): what a split costs.
 
 Per program and per step (summed over its programs): XLA's "bytes accessed" and FLOPs
 (``cost_analysis``); the HBM peak (``memory_analysis``: arguments + outputs - aliased +
