@@ -54,6 +54,7 @@ ISSUE30 = [
         [
             ("infer-bf16", "ours-3prog"),
             ("train-bf16", "ours-3prog"),
+            ("train-bf16", "ours-1prog"),
             ("vit-train-bf16", "ours-3prog"),
         ],
     ),
