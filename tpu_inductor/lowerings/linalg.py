@@ -24,7 +24,8 @@ aten = torch.ops.aten
 # inference forward, 480 -> 416 MB accessed with the half-precision result (python -m
 # benchmarks.tpu_programs --only infer-bf16, v5e). A product the graph converts to float32 next
 # (the logits before a float32 loss) keeps the float32 form: as a bf16 dot, its float32 copy was
-# laid out twice (+2 x 33 MB in the bf16 Llama training forward). False: the float32 form
+# laid out twice (+2 x 33 MB in the bf16 Llama training forward). Cost: the one-program bf16
+# Llama step moves 2,163 -> 2,259 MB (its SiLU written out apart). False: the float32 form
 # everywhere (a lever ``benchmarks.tpu_levers --issue 30`` measures).
 TPU_HALF_DOTS = True
 
