@@ -14,7 +14,9 @@ and batches: ``benchmarks/tpu_workloads.py``), two ways, and reads XLA's own ana
 - **ours**: what ``torch.compile(..., backend="tpu", options={"target": ...})`` compiles for the
   user's code (``tpu_inductor.programs`` records each program). ``3prog``: the model and
   ``opt.step`` compiled separately (forward, backward and AdamW programs); ``1prog``: the whole
-  step compiled as one function with ``tpu_inductor.compile_step`` (one program).
+  step compiled as one function with ``tpu_inductor.compile_step`` (one program);
+- **hand-2prog** / **hand-3prog** (not run by default): the hand-written step split as a split
+  step is (loss and gradients, then AdamW; or forward, backward, AdamW): what a split costs.
 
 Per program and per step (summed over its programs): XLA's "bytes accessed" and FLOPs
 (``cost_analysis``); the HBM peak (``memory_analysis``: arguments + outputs - aliased +
@@ -63,6 +65,9 @@ from benchmarks.tpu_workloads import (
 )
 
 CONTENDERS = ("hand", "ours-3prog", "ours-1prog")
+# Also measurable: "hand-3prog", the hand-written step split into three programs as ours is
+# (jax.vjp's residuals handed over), and "hand-2prog", its loss and gradients as one program and
+# AdamW as another (_hand_split): what a split costs a hand-written step.
 
 
 def log(msg: str) -> None:
@@ -184,15 +189,22 @@ def compile_jitted(jitted, args) -> tuple[Any, float, float]:
 # hand: the hand-written JAX programs
 
 
-def run_hand(workload: str, small: bool, target: Target) -> dict:
+def run_hand(workload: str, small: bool, target: Target, variant: str = "1prog") -> dict:
     import jax
 
     jitted, args, name, like = hand_program(workload, small, target.struct)
+    param_bytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like))
+    if variant != "1prog":  # the split hand step: Llama and ViT training only (no BN stats)
+        from benchmarks.hand_split import split_step
+        from benchmarks.tpu_workloads import spec
+
+        M, sizes = spec(parse_workload(workload)[0], small)
+        params, state, *inputs = args
+        return split_step(M, sizes, target, params, state, tuple(inputs), int(param_bytes), variant)
     compiled, cpu_s, wall_s = compile_jitted(jitted, args)
     kind = parse_workload(workload)[1]
     program = {"name": name, "kind": kind, **analyze(compiled), "compile_wall_s": wall_s}
     program["outside_state"] = 0
-    param_bytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like))
     # Tracing, lowering and the TPU compile: what a JAX user waits for.
     return {"programs": [program], "param_bytes": int(param_bytes), "compile_cpu_s": cpu_s}
 
@@ -374,8 +386,11 @@ def run_one(args: argparse.Namespace) -> dict:
     if args.save_hlo:
         global SAVE_HLO
         SAVE_HLO = Path(args.save_hlo) / f"{args.workload}-{args.contender}"
-    if args.contender == "hand":
-        return run_hand(args.workload, args.small, Target.make(args.target))
+    if args.contender.startswith("hand"):
+        variant = args.contender.removeprefix("hand").removeprefix("-") or "1prog"
+        if variant != "1prog" and parse_workload(args.workload)[1] == "infer":
+            return {"skipped": "inference is one program already"}
+        return run_hand(args.workload, args.small, Target.make(args.target), variant)
     variant = args.contender.removeprefix("ours-")
     if parse_workload(args.workload)[1] == "infer" and variant != "3prog":
         return {"skipped": "inference is one program already"}
