@@ -197,7 +197,11 @@ def plan_one(row: Row, layers: int | None) -> dict[str, Any]:
     )
     probe = search.probe("full", row.batch)
     report = tpu_inductor.tpu_report(print_table=False)
-    (step,) = [s for s in report.steps if s.name.startswith("training")]
+    steps = [s for s in report.steps if s.name.startswith("training")]
+    if not steps:  # the TPU compiler refused the step's program
+        errors = [p.error for p in report.programs if p.error]
+        return {"failed": (errors[0] if errors else probe.error or "no step").splitlines()[0]}
+    (step,) = steps
     chip = target.chip
     devices, chips = target.num_devices, target.num_chips
     tokens = row.batch * row.seq
