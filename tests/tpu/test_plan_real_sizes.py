@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from benchmarks import plan_real_sizes as prs  # noqa: E402
+from tpu_inductor import targets  # noqa: E402
 
 TINY = dict(
     prs.LLAMA_3_1_8B,
@@ -33,10 +34,12 @@ def test_tiny_llama_fsdp_x_tp_plan():
     # and the masked half of attention) and at most twice them
     per_device = sum(r["matmul_flops"].values()) / 4
     assert r["model_flops"] / 4 < per_device < 2 * r["model_flops"] / 4
+    # each device does its share of the global program's matmuls (a compute term of the whole
+    # program's FLOPs on one device overstated it 4x here)
+    assert r["compute_s"] == pytest.approx(per_device / targets.CHIPS["v5p"].bf16_flops)
     assert 0 < r["mfu_ceiling"] < r["hw_mfu_ceiling"] < 1
     assert r["tokens"] == 4 * 256
     assert r["tokens_per_s_per_chip"] == pytest.approx(1024 / r["roofline_s"] / 4)
     assert r["ici_s"] > 0  # fsdp's gathers and tp's all-reduces
     record = {"id": "tiny", "row": vars(row), "layers": 4, "full_depth": 4, **r}
     assert "| tiny | v5p-8 (4) | fsdp x tp | 4 | 4 x 256 | yes |" in prs.table([record])
-    print(r["matmul_flops"])
