@@ -19,6 +19,9 @@ of a ``lax.scan``:
 - a block's values used after the run (saved activations, weight gradients, a KV cache) come
   out as the scan's stacked ``ys`` and are sliced apart; the last block's carry is the result.
 
+compile_step's optimizer update of those layers (no module path) is scanned by
+:mod:`tpu_inductor.scan_updates`, called at the end of :func:`plan_scans`.
+
 Anything else stays unrolled, with the reason logged at DEBUG on ``tpu_inductor.scan_layers``:
 a block with a random op (each layer's draw number differs), an in-place input update, an
 effect token or symbolic-size arithmetic; a graph with symbolic sizes; a block that reads a
