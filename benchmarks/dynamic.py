@@ -179,7 +179,7 @@ def _label(b: int, s: int | None, r: int | None) -> str:
 def _builds() -> int:
     import tpu_inductor
 
-    return sum(len(g.builds) for g in tpu_inductor.runtime.report(print_table=False).graphs)
+    return sum(len(g.builds) for g in tpu_inductor.report(print_table=False).graphs)
 
 
 def _outputs(out, names):

@@ -185,25 +185,36 @@ def loss_fn(sizes: ViTSizes, params: Params, pixels, labels):
     return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
 
-def jitted_train_step(sizes: ViTSizes, hp: hand_llama.AdamW | None = None):
-    """One training step (loss, gradients, AdamW) jitted with parameters and optimizer state
-    donated, float32 matmuls and convolutions at HIGHEST."""
+def jit_train_step(loss, sizes, hp: hand_llama.AdamW | None = None):
+    """``loss(sizes, params, *batch)``'s training step (loss, gradients, AdamW) jitted with
+    parameters and optimizer state donated, float32 matmuls and convolutions at HIGHEST."""
     hp = hp or hand_llama.AdamW()
 
-    def step(params, state, pixels, labels):
+    def step(params, state, *batch):
         with jax.default_matmul_precision("highest"):
-            loss, grads = jax.value_and_grad(lambda p: loss_fn(sizes, p, pixels, labels))(params)
+            value, grads = jax.value_and_grad(lambda p: loss(sizes, p, *batch))(params)
             params, state = hand_llama.adamw_update(hp, params, grads, state)
-        return params, state, loss
+        return params, state, value
 
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def jitted_forward(sizes: ViTSizes):
-    """The inference forward (class logits), jitted."""
+def jit_forward(forward_fn, sizes):
+    """``forward_fn(sizes, params, inputs)`` jitted, float32 matmuls at HIGHEST."""
 
-    def fwd(params, pixels):
+    def fwd(params, inputs):
         with jax.default_matmul_precision("highest"):
-            return forward(sizes, params, pixels)
+            return forward_fn(sizes, params, inputs)
 
     return jax.jit(fwd)
+
+
+def jitted_train_step(sizes: ViTSizes, hp: hand_llama.AdamW | None = None):
+    """One training step (loss, gradients, AdamW) jitted with parameters and optimizer state
+    donated, float32 matmuls and convolutions at HIGHEST."""
+    return jit_train_step(loss_fn, sizes, hp)
+
+
+def jitted_forward(sizes: ViTSizes):
+    """The inference forward (class logits), jitted."""
+    return jit_forward(forward, sizes)

@@ -73,7 +73,7 @@ def _tpu_figures(exes) -> dict:
     import tpu_inductor
 
     program = [
-        p for p in tpu_inductor.tpu.tpu_report(print_table=False).programs if p.graph == exes.name
+        p for p in tpu_inductor.tpu_report(print_table=False).programs if p.graph == exes.name
     ]
     p = program[-1]
     return {

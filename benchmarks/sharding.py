@@ -13,7 +13,7 @@ JAX creates its host (CPU) devices once, from ``XLA_FLAGS=--xla_force_host_platf
 read at its start, so each device count (1, 2, 4, 8) runs in a subprocess of its own
 (``python -m benchmarks.sharding --worker N``). Per plan it reports the median seconds of
 ``--steps`` steps after ``--warmup`` (the first compiles), the first step's seconds, and the
-resident bytes per device (``tpu_inductor.runtime.report().resident_bytes_per_device``: parameters,
+resident bytes per device (``tpu_inductor.report().resident_bytes_per_device``: parameters,
 optimizer state and other values kept on the devices; the max over devices); the losses are
 checked against torch eager's. On a CPU host all "devices" share the same cores, so step time
 shows what partitioning costs there, not a speedup; the memory split is what carries over.
@@ -108,7 +108,7 @@ def measure(n: int, plans: list[str], model: dict, steps: int, warmup: int) -> l
         except Exception as e:  # one plan failing must not lose the others' numbers
             out.append({**row, "error": f"{type(e).__name__}: {e}"[:2000]})
             continue
-        per_device = tpu_inductor.runtime.report(print_table=False).resident_bytes_per_device
+        per_device = tpu_inductor.report(print_table=False).resident_bytes_per_device
         timed = seconds[warmup:]
         out.append(
             {

@@ -8,6 +8,9 @@ rows are compiled once and reused (``--hand-from``). Writes
 ``benchmarks/results/tpu-levers.json`` (every run's results, in lever order) and prints the
 table of ratios ours / hand after each lever.
 
+``--issue 30`` measures issue 30's levers instead (:data:`ISSUE30`): each is a switch of this
+checkout's backend, compiled off and on per workload (``benchmarks/results/tpu-levers-30.json``).
+
 Levers are cumulative, in the order they were committed. Takes a while: each float32 step is a
 few minutes of TPU compile on a CPU.
 """
@@ -23,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.tpu_programs import RATIO_KEYS, RESULTS, ROOT, derive, totals
+from benchmarks.tpu_workloads import RATIO_KEYS, RESULTS, ROOT, derive, totals
 
 # (label, commit of branch issue22, contender, internal switches): each lever on top of the ones
 # before it. d7dfeef is the backend before any of them (main + compile_step, which a split step
@@ -41,6 +44,22 @@ LEVERS = [
 ]
 WORKLOADS = "train-f32,train-bf16"
 
+# Issue 30's levers (``--issue 30``): each is a switch of this checkout's backend, measured off
+# (before) and on (after) per workload and contender, on this checkout (no snapshots).
+# (label, switches that turn it off, [(workload, contender), ...]).
+ISSUE30 = [
+    (
+        "half-precision products on a TPU return their own dtype (no layout copies)",
+        {"lowerings.linalg.TPU_HALF_DOTS": False},
+        [
+            ("infer-bf16", "ours-3prog"),
+            ("train-bf16", "ours-3prog"),
+            ("train-bf16", "ours-1prog"),
+            ("vit-train-bf16", "ours-3prog"),
+        ],
+    ),
+]
+
 
 def snapshot(commit: str, into: Path) -> Path:
     """The backend at ``commit`` with this checkout's benchmarks, in ``into``."""
@@ -56,6 +75,7 @@ def snapshot(commit: str, into: Path) -> Path:
 
 
 def run(folder: Path, name: str, contender: str, levers: dict, hand: Path, out: Path, args):
+    """``benchmarks.tpu_programs`` in ``folder`` for the hand rows and ``contender``."""
     cmd = [
         sys.executable,
         "-m",
@@ -102,8 +122,73 @@ def table(steps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def issue30(args, scratch: Path, out: Path) -> list[dict]:
+    """Each lever of :data:`ISSUE30` off and on, per (workload, contender); written to
+    ``tpu-levers-30.json`` after each run (a run already in ``scratch`` is reused)."""
+    # The hand-written rows: from --hand-from, else the last full run's (same sizes and target).
+    hand = Path(args.hand_from) if args.hand_from else RESULTS / "tpu-programs.json"
+    entries = []
+    for i, (label, off, cases) in enumerate(ISSUE30):
+        for workload, contender in cases:
+            pair = {}
+            for state, levers in (("before", off), ("after", {})):
+                name = f"i30-{i}-{workload}-{contender}-{state}"
+                print(f"[{name}] {label}", file=sys.stderr, flush=True)
+                done = scratch / f"{name}.json"
+                if not _complete(done, workload, contender):
+                    a = argparse.Namespace(**{**vars(args), "only": workload})
+                    run(ROOT, name, contender, levers, hand, scratch, a)
+                data = json.loads(done.read_text())
+                data["derived"] = derive(data["rows"])
+                res = data["rows"][workload]
+                pair[state] = {
+                    "ratios": data["derived"].get(workload, {}).get(contender),
+                    "totals": totals(res[contender]),
+                    "hand": totals(res["hand"]) if "hand" in res else None,
+                    "conditions": data["conditions"],
+                }
+            entries.append(
+                {
+                    "label": label,
+                    "switches_off": off,
+                    "workload": workload,
+                    "contender": contender,
+                    **pair,
+                }  # fmt: skip
+            )
+            (out / "tpu-levers-30.json").write_text(
+                json.dumps({"target": args.target, "levers": entries}, indent=1) + "\n"
+            )
+    return entries
+
+
+def table30(entries: list[dict]) -> str:
+    """Markdown: per lever, workload and contender, ours / hand before and after."""
+    lines = [
+        "| lever | workload, contender | before: bytes, FLOPs, HBM, compile | after | "
+        "bytes MB before -> after | top-level copies |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        b, a = e["before"], e["after"]
+        fmt = lambda r: ", ".join(f"{r[k]:.2f}x" for k in RATIO_KEYS) if r else "-"  # noqa: E731
+        lines.append(
+            f"| {e['label']} | {e['workload']}, {e['contender']} | {fmt(b['ratios'])} | "
+            f"{fmt(a['ratios'])} | {b['totals']['bytes'] / 1e6:,.0f} -> "
+            f"{a['totals']['bytes'] / 1e6:,.0f} | {b['totals']['copies']} -> "
+            f"{a['totals']['copies']} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--issue",
+        type=int,
+        default=22,
+        help="22: the Llama levers, each at its commit; 30: issue 30's switches, off and on",
+    )
     p.add_argument("--target", default="v5e:2x2")
     p.add_argument("--only", default=WORKLOADS)
     p.add_argument("--hand-from", default="", help="hand-written rows from an earlier run")
@@ -123,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         scratch.mkdir(parents=True, exist_ok=True)
     else:
         scratch = Path(tempfile.mkdtemp(prefix="tpu-levers-"))
+    if args.issue == 30:
+        try:
+            print(table30(issue30(args, scratch, out)))
+        finally:
+            if not args.keep:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return 0
     hand = Path(args.hand_from) if args.hand_from else scratch / "hand.json"
     steps = []
     try:

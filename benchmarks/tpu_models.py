@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _isolated(case, targets: list[str]) -> list[dict]:
     """Rows for ``case`` from a process of its own, so that a crash of the TPU compiler
-    (libtpu 0.0.42.1 overflows a stack compiling timm's ResNet training step for v6e) is one
+    (libtpu 0.0.42.1 overflowed a stack on timm's ResNet backward until issue 30.4) is one
     row saying so, not the end of the sweep."""
     import subprocess
     import tempfile

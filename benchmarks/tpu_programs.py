@@ -2,17 +2,21 @@
 
 Compiles for a TPU topology, without a TPU (libtpu's compiler on compile-only topology devices;
 nothing runs), the programs of a training step and an inference forward of
-``transformers.LlamaForCausalLM`` (SDPA attention) and of a ``ViTForImageClassification``
-training step, two ways, and reads XLA's own analysis of each:
+``transformers.LlamaForCausalLM`` (SDPA attention), ``BertForMaskedLM`` and timm's bottleneck
+``ResNet`` (BatchNorm) and of a ``ViTForImageClassification`` training step (the models, sizes
+and batches: ``benchmarks/tpu_workloads.py``), two ways, and reads XLA's own analysis of each:
 
 - **hand**: the same model written directly in JAX (``benchmarks/hand_llama.py``,
-  ``benchmarks/hand_vit.py``): the training step (forward, backward, AdamW) as ONE jitted
-  program with parameters and optimizer state donated; the inference forward returns the logits
-  and the KV cache HF returns;
+  ``hand_vit.py``, ``hand_bert.py``, ``hand_resnet.py``): the training step (forward, backward,
+  AdamW; BatchNorm's running statistics) as ONE jitted program with parameters, optimizer state
+  (and running statistics) donated; the Llama's inference forward returns the logits and the KV
+  cache HF returns;
 - **ours**: what ``torch.compile(..., backend="tpu", options={"target": ...})`` compiles for the
   user's code (``tpu_inductor.tpu.programs`` records each program). ``3prog``: the model and
   ``opt.step`` compiled separately (forward, backward and AdamW programs); ``1prog``: the whole
-  step compiled as one function with ``tpu_inductor.compile_step`` (one program).
+  step compiled as one function with ``tpu_inductor.compile_step`` (one program);
+- **hand-2prog** / **hand-3prog** (not run by default): the hand-written step split as a split
+  step is (loss and gradients, then AdamW; or forward, backward, AdamW): what a split costs.
 
 Per program and per step (summed over its programs): XLA's "bytes accessed" and FLOPs
 (``cost_analysis``); the HBM peak (``memory_analysis``: arguments + outputs - aliased +
@@ -20,7 +24,8 @@ temporaries + code, plus, for a step split into programs, the parameters and opt
 that stay on the chip beside a program without being its arguments); the compile's CPU seconds
 (hand: tracing, lowering and the TPU compile; ours: everything from the user's call: Dynamo,
 AOTAutograd, our lowering and the TPU compile); the optimized HLO's top-level copies. Ratios are
-ours / hand from one run; each contender compiles in a process of its own.
+ours / hand from one run; each contender compiles in a process of its own (a crash of the TPU
+compiler is recorded as the row's ``"crashed"`` signal, not the end of the run).
 
 ``--small`` uses tiny sizes (tests, CI). libtpu must be installed (``pip install -e '.[tpu]'``;
 here the interpreter ``/work/tpuenv/bin/python```).
@@ -34,6 +39,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -42,44 +48,26 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-
-# Per model: sizes (full, small) and the batch (full, small): token ids [batch, seq] for the Llama,
-# images [batch, 3, size, size] for the ViT (sizes["image"]).
-SIZES = {
-    "llama": (
-        dict(hidden=512, intermediate=1408, layers=4, heads=8, kv_heads=2, vocab=8000),
-        dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256),
-    ),
-    "vit": (
-        dict(hidden=384, intermediate=1536, layers=4, heads=6, image=224, patch=16, labels=1000),
-        dict(hidden=32, intermediate=64, layers=2, heads=4, image=16, patch=4, labels=10),
-    ),
-}
-BATCH = {"llama": ((4, 256), (2, 32)), "vit": ((8,), (2,))}
-
-WORKLOADS = (
-    "train-f32",
-    "train-bf16",
-    "infer-f32",
-    "infer-bf16",
-    "vit-train-f32",
-    "vit-train-bf16",
+from benchmarks.tpu_workloads import (
+    BATCH,
+    RATIO_KEYS,
+    RESULTS,
+    ROOT,
+    SIZES,
+    WORKLOADS,
+    derive,
+    describe,
+    hand_program,
+    parse_workload,
+    torch_workload,
+    totals,
+    workload_name,
 )
 
-
-def parse_workload(workload: str) -> tuple[str, str, str]:
-    """``"[model-]kind-dtype"`` -> (model, kind, dtype); the model defaults to the Llama."""
-    parts = workload.split("-")
-    model = parts[0] if len(parts) == 3 else "llama"
-    kind, dtype = parts[-2:]
-    if model not in SIZES or kind not in ("train", "infer") or dtype not in ("f32", "bf16"):
-        raise ValueError(f"unknown workload {workload!r}")
-    return model, kind, dtype
-
-
 CONTENDERS = ("hand", "ours-3prog", "ours-1prog")
+# Also measurable: "hand-3prog", the hand-written step split into three programs as ours is
+# (jax.vjp's residuals handed over), and "hand-2prog", its loss and gradients as one program and
+# AdamW as another (_hand_split): what a split costs a hand-written step.
 
 
 def log(msg: str) -> None:
@@ -201,60 +189,28 @@ def compile_jitted(jitted, args) -> tuple[Any, float, float]:
 # hand: the hand-written JAX programs
 
 
-def run_hand(workload: str, small: bool, target: Target) -> dict:
+def run_hand(workload: str, small: bool, target: Target, variant: str = "1prog") -> dict:
     import jax
-    import jax.numpy as jnp
 
-    from benchmarks import hand_llama, hand_vit
+    jitted, args, name, like = hand_program(workload, small, target.struct)
+    param_bytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like))
+    if variant != "1prog":  # the split hand step: Llama and ViT training only (no BN stats)
+        from benchmarks.hand_split import split_step
+        from benchmarks.tpu_workloads import spec
 
-    model, kind, dtype_name = parse_workload(workload)
-    sizes, batch = SIZES[model][small], BATCH[model][small]
-    dtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype_name]
-    if model == "llama":
-        M, spec = hand_llama, hand_llama.LlamaSizes(**sizes)
-        inputs = (target.struct(batch, jnp.int32),)
-    else:
-        M, spec = hand_vit, hand_vit.ViTSizes(**sizes)
-        image = (batch[0], spec.channels, spec.image, spec.image)
-        inputs = (target.struct(image, dtype), target.struct(batch, jnp.int32))
-    like = M.params_like(spec, dtype)
-    params = target.place(like)
-    if kind == "train":
-        state = target.place(hand_llama.adamw_like(like))
-        jitted, args, name = M.jitted_train_step(spec), (params, state, *inputs), "train_step"
-    else:
-        jitted, args, name = M.jitted_forward(spec), (params, *inputs[:1]), "forward"
+        M, sizes = spec(parse_workload(workload)[0], small)
+        params, state, *inputs = args
+        return split_step(M, sizes, target, params, state, tuple(inputs), int(param_bytes), variant)
     compiled, cpu_s, wall_s = compile_jitted(jitted, args)
+    kind = parse_workload(workload)[1]
     program = {"name": name, "kind": kind, **analyze(compiled), "compile_wall_s": wall_s}
     program["outside_state"] = 0
-    param_bytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like))
     # Tracing, lowering and the TPU compile: what a JAX user waits for.
     return {"programs": [program], "param_bytes": int(param_bytes), "compile_cpu_s": cpu_s}
 
 
 # ----------------------------------------------------------------------------------------------
 # ours: the programs torch.compile(..., backend="tpu", options={"target": ...}) compiles
-
-
-def _torch_workload(model_name: str, small: bool, dtype):
-    """The transformers model, its batch, and the training loss / inference call on it."""
-    import torch
-    import transformers
-
-    from benchmarks import hand_llama, hand_vit
-
-    sizes, batch = SIZES[model_name][small], BATCH[model_name][small]
-    torch.manual_seed(0)
-    if model_name == "llama":
-        config = hand_llama.LlamaSizes(**sizes).hf_config()
-        model = transformers.LlamaForCausalLM(config).to(dtype)
-        ids = torch.randint(0, sizes["vocab"], batch)
-        return model, (lambda m: m(ids, labels=ids).loss), (lambda m: m(ids))
-    spec = hand_vit.ViTSizes(**sizes)
-    model = transformers.ViTForImageClassification(spec.hf_config()).to(dtype)
-    pixels = torch.randn(batch[0], spec.channels, spec.image, spec.image, dtype=dtype)
-    labels = torch.randint(0, spec.labels, batch)
-    return model, (lambda m: m(pixel_values=pixels, labels=labels).loss), (lambda m: m(pixels))
 
 
 def run_ours(workload: str, variant: str, small: bool, target: str, options: dict) -> dict:
@@ -270,7 +226,7 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
 
     model_name, kind, dtype_name = parse_workload(workload)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    model, loss_of, infer = _torch_workload(model_name, small, dtype)
+    model, loss_of, infer = torch_workload(model_name, small, dtype)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     compile_kw = {"backend": "tpu", "options": {"target": target, **options}}
     torch._dynamo.reset()
@@ -284,22 +240,26 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
         fn()
         cpu.append(time.process_time() - c0)
 
+    # BatchNorm's running statistics: state a program reads (and a training step updates)
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
     t0 = time.perf_counter()
     if kind == "infer":
         model.eval()
         compiled = torch.compile(model, **compile_kw)
         with torch.no_grad():
             timed(lambda: infer(compiled))
-        state = list(model.parameters())
+        state = list(model.parameters()) + buffers
     else:
         model.train()
         opt = torch.optim.AdamW(model.parameters())
         step = _train_step(variant, model, opt, compile_kw, loss_of)
         for _ in range(2):  # the second step runs with the optimizer state in place
             timed(step)
-        state = list(model.parameters()) + [
-            t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
-        ]
+        state = (
+            list(model.parameters())
+            + buffers
+            + [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        )
     frontend_s = time.perf_counter() - t0
     chosen, calls = _step_programs(list(recorded.PROGRAMS), marks)
     failed = [p for p in chosen if not p.compiled]
@@ -407,43 +367,6 @@ def _train_step(variant: str, model, opt, compile_kw: dict, loss_of):
 # Totals, ratios, the run
 
 
-def totals(result: dict) -> dict:
-    """Per-step figures: sums over the step's programs; the HBM peak is the largest program's
-    peak plus the state living beside it."""
-    programs = result["programs"]
-    return {
-        "programs": len(programs),
-        "bytes": sum(p["bytes"] for p in programs),
-        "flops": sum(p["flops"] for p in programs),
-        "hbm_peak": max(p["hbm_peak"] + p["outside_state"] for p in programs),
-        "compile_cpu_s": result["compile_cpu_s"],
-        "compile_wall_s": sum(p["compile_wall_s"] for p in programs),
-        "copies": sum(p["copies"] for p in programs),
-        "copy_bytes": sum(p["copy_bytes"] for p in programs),
-    }
-
-
-RATIO_KEYS = ("bytes", "flops", "hbm_peak", "compile_cpu_s")
-
-
-def derive(rows: dict) -> dict:
-    """ours / hand for every workload and ours variant measured."""
-    out: dict[str, dict] = {}
-    for workload, by in rows.items():
-        hand = by.get("hand")
-        if not hand or "error" in hand:
-            continue
-        ht = totals(hand)
-        for contender, res in by.items():
-            if contender == "hand" or "error" in res:
-                continue
-            t = totals(res)
-            out.setdefault(workload, {})[contender] = {
-                k: (t[k] / ht[k] if ht[k] else float("nan")) for k in RATIO_KEYS
-            }
-    return out
-
-
 def apply_levers(levers: dict[str, Any]) -> None:
     """Set ``tpu_inductor.<module>.<NAME> = value`` for each ``"module.NAME": value``."""
     import importlib
@@ -463,8 +386,11 @@ def run_one(args: argparse.Namespace) -> dict:
     if args.save_hlo:
         global SAVE_HLO
         SAVE_HLO = Path(args.save_hlo) / f"{args.workload}-{args.contender}"
-    if args.contender == "hand":
-        return run_hand(args.workload, args.small, Target.make(args.target))
+    if args.contender.startswith("hand"):
+        variant = args.contender.removeprefix("hand").removeprefix("-") or "1prog"
+        if variant != "1prog" and parse_workload(args.workload)[1] == "infer":
+            return {"skipped": "inference is one program already"}
+        return run_hand(args.workload, args.small, Target.make(args.target), variant)
     variant = args.contender.removeprefix("ours-")
     if parse_workload(args.workload)[1] == "infer" and variant != "3prog":
         return {"skipped": "inference is one program already"}
@@ -503,6 +429,9 @@ def _subprocess(args: argparse.Namespace, workload: str, contender: str) -> dict
     sys.stderr.write(
         "".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("  "))
     )
+    if proc.returncode < 0:  # killed by a signal: libtpu's SIGSEGV on ResNet's backward
+        sig = signal.Signals(-proc.returncode).name
+        return {"error": proc.stderr[-4000:], "crashed": sig}
     if proc.returncode != 0:
         return {"error": proc.stderr[-4000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -546,6 +475,26 @@ def _same_hand(earlier: dict | None, workload: str, small: bool) -> bool:
     return sizes == SIZES[model][small] and earlier.get("small") == small
 
 
+def _merge_earlier(data: dict, path: Path, now: list[str]) -> None:
+    """``--merge``: copy into ``data`` the rows of ``path`` (an earlier run) whose workloads this
+    run does not measure, where the target, the mode and the model's sizes are the same; each
+    workload kept records the earlier run's conditions in ``data["earlier"]``."""
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    if old["target"] != data["target"] or old.get("small") != data["small"]:
+        raise SystemExit(f"--merge {path}: another target or mode")
+    for workload, by in old["rows"].items():
+        model = parse_workload(workload)[0]
+        if workload in now or old["sizes"].get(model) != data["sizes"][model]:
+            continue
+        if list(old["batch"].get(model, ())) != list(data["batch"][model]):
+            continue
+        data["rows"][workload] = by
+        kept = old.get("earlier", {}).get(workload, old["conditions"])
+        data.setdefault("earlier", {})[workload] = kept
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -567,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         "target) instead of compiling them again",
     )
     p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of workloads not run now from the results file this run writes "
+        "(same target and sizes), each with the conditions of the run that measured it",
+    )
     p.add_argument("--save-hlo", default="", help="write each program's optimized HLO here")
     p.add_argument("--name", default=None, help="results file name (default tpu-programs)")
     p.add_argument("--timeout-s", type=float, default=3600.0)
@@ -605,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         "levers": json.loads(args.levers) if args.levers else {},
         "rows": {},
     }
+    if args.merge:
+        _merge_earlier(data, out_dir / f"{name}.json", args.only.split(","))
     earlier = json.loads(Path(args.hand_from).read_text()) if args.hand_from else None
     if earlier is not None and earlier["target"] != data["target"]:
         raise SystemExit(f"--hand-from {args.hand_from}: another target")
@@ -643,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _failed(res: dict) -> str:
+    return f"crashed ({res['crashed']})" if "crashed" in res else "failed"
+
+
 def _mb(x: float) -> str:
     return f"{x / 1e6:,.1f}"
 
@@ -657,7 +618,7 @@ def table(data: dict) -> str:
     for workload, by in data["rows"].items():
         for contender, res in by.items():
             if "error" in res:
-                lines.append(f"| {workload} | {contender}: failed | | | | | | |")
+                lines.append(f"| {workload} | {contender}: {_failed(res)} | | | | | | |")
                 continue
             t = totals(res)
             r = data.get("derived", {}).get(workload, {}).get(contender)
@@ -670,16 +631,10 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-README_START = "<!-- tpu-programs:start -->"
-README_END = "<!-- tpu-programs:end -->"
-WORKLOAD_NAMES = {
-    "train-f32": "Llama training step, float32",
-    "train-bf16": "Llama training step, bfloat16",
-    "infer-f32": "Llama inference forward, float32",
-    "infer-bf16": "Llama inference forward, bfloat16",
-    "vit-train-f32": "ViT training step, float32",
-    "vit-train-bf16": "ViT training step, bfloat16",
-}
+README_START = (
+    "<!-- tpu-programs:start -->"  # the block of tpu-programs.json; tpu-programs-small.json
+)
+README_END = "<!-- tpu-programs:end -->"  # has its own (tpu-programs-small:start ...)
 CONTENDER_NAMES = {
     "hand": "hand-written JAX (1 jitted program)",
     "ours-3prog": "ours, model + `opt.step` compiled apart",
@@ -691,14 +646,19 @@ def _load(values) -> str:
     return "n/a" if not values else f"{values[0]:.1f}"
 
 
-def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | None) -> str:
+def readme_block(
+    data: dict,
+    levers: dict | None,
+    rel_json: str,
+    rel_png: str | None,
+    markers: tuple[str, str] = (README_START, README_END),
+) -> str:
     """The README's TPU-programs block, from a results file (and the levers file)."""
+    start, end = markers
     c = data["conditions"]
     v = c["versions"]
-    sizes = data["sizes"]
-    llama, vit = sizes["llama"], sizes["vit"]
     lines = [
-        README_START,
+        start,
         f"<!-- Written by python -m benchmarks.tpu_programs --readme from {rel_json}; "
         "do not edit by hand. -->",
         "",
@@ -709,13 +669,8 @@ def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | 
         "",
         f"Command: `{c['command']}`.",
         "",
-        f"Models: transformers `LlamaForCausalLM` (hidden {llama['hidden']}, intermediate "
-        f"{llama['intermediate']}, {llama['layers']} layers, {llama['heads']} heads / "
-        f"{llama['kv_heads']} KV heads, vocabulary {llama['vocab']}, SDPA), batch "
-        f"{' x '.join(map(str, data['batch']['llama']))} tokens, `labels=ids`, AdamW; "
-        f"`ViTForImageClassification` (hidden {vit['hidden']}, {vit['layers']} layers, "
-        f"{vit['heads']} heads, {vit['image']} px, patch {vit['patch']}, {vit['labels']} "
-        f"classes), batch {data['batch']['vit'][0]}. float32 matmuls at HIGHEST on both sides. "
+        f"Models: {describe(_measured(data['sizes'], data['rows']), data['batch'])}. "
+        "float32 matmuls and convolutions at HIGHEST on both sides. "
         "Bytes and FLOPs are XLA's `cost_analysis` of each program, summed over a step's "
         "programs; HBM peak is `memory_analysis` (arguments + outputs - donated + temporaries + "
         "code; for a split step, the largest program's plus the state it leaves on the chip); "
@@ -723,18 +678,19 @@ def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | 
         "Dynamo, AOTAutograd, lowering and TPU compile). Ratios are ours / hand-written. "
         "`--hand-from` reuses hand-written rows of an earlier run of the same sizes and target.",
         "",
+        *_earlier_lines(data),
         "| workload | contender | programs | bytes accessed | GFLOP | HBM peak | compile CPU s "
         "| top-level copies | bytes | FLOPs | HBM | compile |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for workload, by in data["rows"].items():
         for contender, res in by.items():
-            name = WORKLOAD_NAMES.get(workload, workload)
+            name = workload_name(workload)
             who = CONTENDER_NAMES.get(contender, contender)
             if "-infer-" in f"-{workload}" and contender != "hand":
                 who = "ours, `torch.compile(model)`"
             if "error" in res:
-                lines.append(f"| {name} | {who} | failed | | | | | | | | | |")
+                lines.append(f"| {name} | {who} | {_failed(res)} | | | | | | | | | |")
                 continue
             t = totals(res)
             r = data.get("derived", {}).get(workload, {}).get(contender)
@@ -760,25 +716,55 @@ def readme_block(data: dict, levers: dict | None, rel_json: str, rel_png: str | 
         ]
     if rel_png:
         lines += ["", f"![ours / hand-written JAX per figure]({rel_png})"]
-    lines += ["", README_END]
+    lines += ["", end]
     return "\n".join(lines)
 
 
+def _measured(sizes: dict, rows: dict) -> dict:
+    """The sizes of the models that have rows."""
+    models = {parse_workload(w)[0] for w in rows}
+    return {m: s for m, s in sizes.items() if m in models}
+
+
+def _earlier_lines(data: dict) -> list[str]:
+    """Which rows an earlier run measured (``--merge``), with its command, date and load."""
+    runs: dict[str, list[str]] = {}
+    conds = {}
+    for workload, c in data.get("earlier", {}).items():
+        runs.setdefault(c["date"], []).append(workload)
+        conds[c["date"]] = c
+    lines = []
+    for date, workloads in runs.items():
+        c = conds[date]
+        lines.append(
+            f"Rows {', '.join(workloads)}: from an earlier run ({date}, load avg "
+            f"{_load(c.get('load_before'))} at start, `{c['command']}`)."
+        )
+    return lines + [""] if lines else []
+
+
 def write_readme(json_path: Path, readme: Path) -> None:
-    """Rewrite ``readme``'s TPU-programs block from ``json_path`` (and ``tpu-levers.json``
-    beside it, when there is one)."""
+    """Rewrite ``readme``'s block of ``json_path`` (``<!-- STEM:start -->`` ... ``end``, STEM
+    the file's name without ``.json``), with ``tpu-levers.json``'s table in the block of
+    ``tpu-programs.json``."""
     data = json.loads(json_path.read_text())
+    stem = json_path.stem
+    markers = (README_START, README_END)
+    if stem != "tpu-programs":
+        markers = (f"<!-- {stem}:start -->", f"<!-- {stem}:end -->")
     levers_path = json_path.with_name("tpu-levers.json")
-    levers = json.loads(levers_path.read_text()) if levers_path.exists() else None
+    levers = None
+    if stem == "tpu-programs" and levers_path.exists():
+        levers = json.loads(levers_path.read_text())
     base = readme.resolve().parent
     png = json_path.with_suffix(".png")
     rel = lambda q: Path(os.path.relpath(q.resolve(), base)).as_posix()  # noqa: E731
-    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None)
+    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None, markers)
     text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"{readme}: no {README_START} ... {README_END} block to rewrite")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
+    if markers[0] not in text or markers[1] not in text:
+        raise SystemExit(f"{readme}: no {markers[0]} ... {markers[1]} block to rewrite")
+    head, rest = text.split(markers[0], 1)
+    _, tail = rest.split(markers[1], 1)
     readme.write_text(head + block + tail)
 
 

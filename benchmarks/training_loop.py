@@ -96,7 +96,7 @@ def loop(variant: str, steps: int = 5, warmup: int = 3) -> dict:
     losses = [step() for _ in range(steps)]
     seconds = (time.perf_counter() - start) / steps
     d = _delta(before, TOTAL.copy())
-    saved = sum(g.saved_bytes for g in tpu_inductor.runtime.report(False).graphs)
+    saved = sum(g.saved_bytes for g in tpu_inductor.report(False).graphs)
     return {
         "workload": variant,
         "param_bytes": _param_bytes(model),

@@ -3,7 +3,7 @@
 ``python -m benchmarks.transfers``
 
 On CPU every crossing is zero-copy, so time alone can't show them; the backend counts each one
-where an accelerator would copy (``tpu_inductor.runtime.report().transfers``). Workloads:
+where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads:
 
 - ``train``: a transformers Llama (hidden 256, 4 layers, vocab 1024: 18.9 MB of float32
   parameters), batch 2 x 64, compiled model + compiled AdamW ``opt.step``, steady state, the

@@ -8,7 +8,7 @@ The model is a transformers Llama built on the meta device: no weight is ever al
 same script takes an 8B model's sizes on a laptop (``--hidden 4096 --layers 32 --heads 32
 --kv-heads 8 --intermediate 14336 --vocab 128256``; untried here: its TPU compiles take much
 longer than the default model's). Nothing runs: every graph is compiled by libtpu's TPU
-compiler and described (``tpu_inductor.tpu.tpu_report()``); a program that does not fit in the
+compiler and described (``tpu_inductor.tpu_report()``); a program that does not fit in the
 chip's HBM is reported with by how much.
 """
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None):
     opt = torch.optim.AdamW(model.parameters())
     torch.compile(opt.step, backend="tpu", options=options)()
 
-    report = tpu_inductor.tpu.tpu_report()
+    report = tpu_inductor.tpu_report()
     if args.plot:
         report.plot(args.plot)
     return report

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             "process_count": jax.process_count(),
             "devices": n,
             "local_devices": [str(d) for d in jax.local_devices()],
-            "resident_bytes_per_device": tpu_inductor.runtime.report(
+            "resident_bytes_per_device": tpu_inductor.report(
                 print_table=False
             ).resident_bytes_per_device,
             "losses": losses,

@@ -99,7 +99,7 @@ def test_fsdp_shards_parameters_and_optimizer_state():
     # every weight matrix's first dimension divides by 8; the norms' 32 too
     assert max(per_device.values()) * 8 == total, per_device
     assert _spec(comp.model.layers[0].self_attn.q_proj.weight) == ("data",)
-    report = tpu_inductor.runtime.report(print_table=False)
+    report = tpu_inductor.report(print_table=False)
     assert len(report.resident_bytes_per_device) == 8
 
 

@@ -79,11 +79,11 @@ def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW):
         x = torch.randn(4, 8, generator=g)
         model(x).pow(2).sum().backward()
         before, breaks_before = (
-            len(tpu_inductor.runtime.report(False).graphs),
+            len(tpu_inductor.report(False).graphs),
             sum(counters.values()),
         )
         update()
-        programs.append(len(tpu_inductor.runtime.report(False).graphs) - before)
+        programs.append(len(tpu_inductor.report(False).graphs) - before)
         broke.append(sum(counters.values()) - breaks_before)
         sched.step()
         opt.zero_grad()

@@ -71,7 +71,7 @@ def _run(model, mode, compiled: bool, seed: int = 2):
     torch.manual_seed(seed)
     loss = fn(torch.randn(8, 16))
     loss.backward()
-    graphs = [(g.name, g.nodes, g.saved_bytes) for g in tpu_inductor.runtime.report(False).graphs]
+    graphs = [(g.name, g.nodes, g.saved_bytes) for g in tpu_inductor.report(False).graphs]
     return loss.detach(), [p.grad for p in model.parameters()], graphs
 
 
@@ -165,7 +165,7 @@ def _llama_grads(model, checkpointed: bool, compiled: bool, seed: int = 3):
     torch.manual_seed(seed)
     loss = fn(ids, labels=ids).loss
     loss.backward()
-    graphs = [(g.name, g.nodes, g.saved_bytes) for g in tpu_inductor.runtime.report(False).graphs]
+    graphs = [(g.name, g.nodes, g.saved_bytes) for g in tpu_inductor.report(False).graphs]
     return loss.detach(), [p.grad for p in model.parameters()], graphs
 
 

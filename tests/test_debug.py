@@ -123,7 +123,7 @@ def test_report_lists_graphs_executables_and_fallbacks():
     cm = torch.compile(model, backend="tpu", dynamic=True)
     for n in (2, 3):
         cm(torch.randn(n, 16)).sum().backward()
-    r = tpu_inductor.runtime.report(print_table=False)
+    r = tpu_inductor.report(print_table=False)
     names = [g.name for g in r.graphs]
     assert any(n.endswith("forward") for n in names) and any(n.endswith("backward") for n in names)
     fwd = next(g for g in r.graphs if g.name.endswith("forward"))

@@ -112,7 +112,7 @@ def test_eager_clip_grad_norm_stays_on_the_device(accelerator_imports):
     # per steady-state step: the loss gradient in, the loss read out; no gradient crossed
     assert moved == [(4, 4, {(H2D, "input"): [1, 4], (D2H, "sync"): [1, 4]})] * 3, moved
     assert "eager ops on keep_on_device state" in str(
-        tpu_inductor.runtime.report(print_table=False)
+        tpu_inductor.report(print_table=False)
     )
 
 

@@ -18,7 +18,7 @@ from tpu_inductor.runtime.buckets import PaddingWarning, bucket
 
 def _graphs(kind="inference"):
     return [
-        g for g in tpu_inductor.runtime.report(print_table=False).graphs if g.name.endswith(kind)
+        g for g in tpu_inductor.report(print_table=False).graphs if g.name.endswith(kind)
     ]
 
 
@@ -113,14 +113,14 @@ def test_bucket_sizes():
 def test_warmup_builds_executables_ahead_and_in_background():
     model = nn.Linear(4, 3).eval()
     cm = torch.compile(model, backend="tpu", dynamic=True)
-    tpu_inductor.dynamo.warmup(cm, [(2, 4), (3, 4), (5, 4)])
+    tpu_inductor.warmup(cm, [(2, 4), (3, 4), (5, 4)])
     builds = sum(len(g.builds) for g in _graphs())
     with torch.no_grad():
         for n in (2, 3, 5):
             x = torch.randn(n, 4)
             assert_same(cm(x), model(x))
     assert sum(len(g.builds) for g in _graphs()) == builds, "a warmed-up shape was rebuilt"
-    future = tpu_inductor.dynamo.warmup(cm, [(7, 4)], background=True)
+    future = tpu_inductor.warmup(cm, [(7, 4)], background=True)
     assert future.result(timeout=300) == 1
 
 

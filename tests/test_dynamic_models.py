@@ -64,7 +64,7 @@ def test_pad_to_pow2_decoder_shares_executables():
             torch.testing.assert_close(
                 cm(**kw).logits, model(**kw).logits, atol=case.atol, rtol=case.rtol
             )
-    graphs = tpu_inductor.runtime.report(print_table=False).graphs
+    graphs = tpu_inductor.report(print_table=False).graphs
     executables = sum(g.executables for g in graphs)
     assert executables == 4 < len(sizes), [(g.name, g.builds) for g in graphs]
 

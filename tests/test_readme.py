@@ -163,7 +163,7 @@ def test_block_using_it_1():
 
     comp, eager = _both("Using it #1", env)
     assert_same(_params(comp["model"]), _params(eager["model"]), what="params after the step")
-    assert len(tpu_inductor.runtime.report(False).graphs) == 0  # the eager run compiled nothing
+    assert len(tpu_inductor.report(False).graphs) == 0  # the eager run compiled nothing
 
 
 def test_block_using_it_2():
@@ -192,9 +192,9 @@ def test_block_training_loop_1(caplog):
     def loader(steps=5):
         g = torch.Generator().manual_seed(0)
         for _ in range(steps):
-            t = tpu_inductor.runtime.report(False).transfers
+            t = tpu_inductor.report(False).transfers
             seen["breaks"].append(_breaks())
-            seen["graphs"].append(len(tpu_inductor.runtime.report(False).graphs))
+            seen["graphs"].append(len(tpu_inductor.report(False).graphs))
             seen["h2d"].append(t.host_to_device_bytes)
             seen["d2h"].append(t.device_to_host_bytes)
             yield [torch.randint(0, 128, (2, 16), generator=g)]
@@ -237,7 +237,7 @@ def test_block_one_program_per_training_step_recommended_on_tpus_1():
         }
 
     comp = _run("One program per training step (recommended on TPUs) #1", env())
-    assert len(tpu_inductor.runtime.report(False).graphs) == 2, tpu_inductor.runtime.report(
+    assert len(tpu_inductor.report(False).graphs) == 2, tpu_inductor.report(
         False
     ).graphs
     eager = _run("One program per training step (recommended on TPUs) #1", env(), eager=True)
@@ -274,14 +274,14 @@ def test_block_generating_text_with_transformers_2():
     finally:
         BLOCKS[key] = code
     assert torch.equal(comp["out"], ref)
-    assert tpu_inductor.runtime.report(False).graphs  # it compiled
+    assert tpu_inductor.report(False).graphs  # it compiled
 
 
 def test_block_changing_shapes_1():
     """One Dynamo graph, 20 executables."""
     ns = _run("Changing shapes #1", {"model": torch.nn.Linear(8, 3)})
     # one Dynamo graph: its forward (20 executables) and a backward never called (no executable)
-    graphs = [g for g in tpu_inductor.runtime.report(False).graphs if g.executables]
+    graphs = [g for g in tpu_inductor.report(False).graphs if g.executables]
     assert len(graphs) == 1 and graphs[0].executables == 20, graphs
     x = torch.randn(5, 8)
     assert_same(ns["cm"](x), ns["model"](x))
@@ -291,7 +291,7 @@ def test_block_changing_shapes_2():
     cm = torch.compile(lambda t: t * 2, backend="tpu", dynamic=True)
     ns = _run("Changing shapes #2", {"cm": cm})
     ns["future"].result(timeout=300)
-    assert len(tpu_inductor.runtime.report(False).graphs) >= 1
+    assert len(tpu_inductor.report(False).graphs) >= 1
 
 
 def test_block_checking_numerics_against_cpu_for_ci_1():

@@ -47,7 +47,7 @@ def _assert_no_growth(early, late, what: str) -> None:
 
 def _graph_transfers() -> dict:
     """Each lowered graph's cumulative crossings, by graph name."""
-    return {g.name: g.transfers for g in tpu_inductor.runtime.report(print_table=False).graphs}
+    return {g.name: g.transfers for g in tpu_inductor.report(print_table=False).graphs}
 
 
 def _graph_deltas(before: dict, after: dict) -> dict:

@@ -107,35 +107,72 @@ def test_llama_training_forward_and_backward_scan(caplog):
     _same(scanned, unrolled, exact=True)
 
 
-def test_compile_step_adamw_scans_forward_and_backward(caplog):
-    def run(options, steps=2):
-        torch._dynamo.reset()
-        model = _llama().train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+def _step_run(options, layers=4, steps=2, clip=None, **adamw):
+    """Losses, parameters and AdamW moments after ``steps`` compile_step calls (eager with
+    ``options=None``); ``clip``: ``clip_grad_norm_`` to that norm before the update."""
+    torch._dynamo.reset()
+    model = _llama(layers).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3, **adamw)
 
-        def train_step(ids):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
+    def train_step(ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
 
-        if options is not None:
-            train_step = tpu_inductor.compile_step(train_step, opt, options=options)
-        losses = [train_step(_ids()) for _ in range(steps)]
-        moments = [opt.state[p][k] for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")]
-        return losses, [p.detach() for p in model.parameters()], moments
+    if options is not None:
+        train_step = tpu_inductor.compile_step(train_step, opt, options=options)
+    losses = [train_step(_ids()) for _ in range(steps)]
+    moments = [opt.state[p][k] for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")]
+    return losses, [p.detach() for p in model.parameters()], moments
 
-    eager = run(None)
-    unrolled = run({})
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    caplog.clear()
-    scanned = run(SCAN)
-    assert len(_scans(caplog)) >= 2  # forward and backward of the one-program step
+
+def _same_steps(scanned, eager, unrolled):
     for s, e, u in zip(scanned, eager, unrolled, strict=True):
         _same(s, e)
         # One program: XLA fuses the scanned step differently (differences of ~1e-7 measured).
         _same(s, u, tight=True)
+
+
+def test_compile_step_adamw_scans_forward_backward_and_update(caplog):
+    eager = _step_run(None)
+    unrolled = _step_run({})
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.clear()
+    scanned = _step_run(SCAN)
+    # Two programs (the first call creates the AdamW state: zeros_like in its update), each a
+    # scan of the forward, of the backward and of the 4 layers' updates: 9 parameters, each a
+    # gradient (empty_like + copy) and torch's single-tensor AdamW chain (20 ops), plus, in the
+    # first, 3 zeros per parameter.
+    assert _scans(caplog) == [
+        "scan_layers: 4 blocks of 81 ops from pow_1 lowered as one lax.scan",
+        "scan_layers: 4 blocks of 143 ops from pow_11 lowered as one lax.scan",
+        "scan_layers: 4 update blocks of 225 ops from empty_like_1 lowered as one lax.scan",
+    ] + [
+        "scan_layers: 4 blocks of 81 ops from pow_1 lowered as one lax.scan",
+        "scan_layers: 4 blocks of 143 ops from pow_11 lowered as one lax.scan",
+        "scan_layers: 4 update blocks of 198 ops from empty_like_1 lowered as one lax.scan",
+    ]
+    _same_steps(scanned, eager, unrolled)
+
+
+def test_compile_step_foreach_update_with_clipping_scans(caplog):
+    """``foreach=True``: the update is op-major (each op for every parameter in turn), so a
+    layer's update block is not contiguous; ``clip_grad_norm_`` reads each gradient's norm before
+    the update, so those norms (and the gradients they read) leave the blocks and the scan reads
+    them as per-layer inputs."""
+    kw = {"layers": 3, "clip": 0.5, "foreach": True}
+    eager = _step_run(None, **kw)
+    unrolled = _step_run({}, **kw)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.clear()
+    scanned = _step_run(SCAN, **kw)
+    updates = [m for m in _scans(caplog) if "update blocks" in m]
+    assert len(updates) == 2 and all(m.startswith("scan_layers: 3 update blocks") for m in updates)
+    _same_steps(scanned, eager, unrolled)
 
 
 class _Mixed(nn.Module):

@@ -95,7 +95,7 @@ def test_one_device_mesh_trains_like_eager(plan):
         opt_c.zero_grad()
     for pe, pc in zip(eager.parameters(), comp.parameters(), strict=True):
         torch.testing.assert_close(pc.detach(), pe.detach(), atol=1e-6, rtol=1e-5)
-    assert tpu_inductor.runtime.report(print_table=False).resident_bytes_per_device
+    assert tpu_inductor.report(print_table=False).resident_bytes_per_device
 
 
 def test_sharded_training_on_8_devices():

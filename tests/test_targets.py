@@ -137,7 +137,7 @@ def test_program_names_module_path_aten_op_and_source_line(tmp_path):
 
 
 def test_report_of_no_target_says_how_to_get_one():
-    assert "options={'target'" in str(tpu_inductor.tpu.tpu_report(print_table=False))
+    assert "options={'target'" in str(tpu_inductor.tpu_report(print_table=False))
 
 
 @pytest.mark.parametrize(

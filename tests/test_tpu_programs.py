@@ -1,10 +1,12 @@
 """The TPU-program benchmark (``benchmarks/tpu_programs.py``) is an honest comparison: its
-hand-written JAX Llama computes what the transformers Llama computes, from the same weights
-(logits, KV cache, loss, every gradient, every parameter after an AdamW step), and its runner
-measures programs in --small mode without a TPU.
+hand-written JAX Llama, ViT, BERT and ResNet compute what the torch models compute, from the same
+weights (logits, KV cache, loss, every gradient, every parameter after an AdamW step, BatchNorm's
+running statistics), and its runner keeps earlier rows honestly (``--merge``).
 """
 
 from __future__ import annotations
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -189,3 +191,174 @@ def _vit_torch_leaves(model) -> list[torch.Tensor]:
         "head_b": model.classifier.bias,
     }
     return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+
+
+def _randomize(model, names=("LayerNorm", "layernorm", "bn", "bias")):
+    """Random norm weights and biases (instead of ones and zeros), so a gradient or update that
+    ignores one shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(n in name for n in names):
+                p.uniform_(0.5, 1.5)
+
+
+def _leaves(tree) -> list[torch.Tensor]:
+    return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+
+
+def _mlm_batch(vocab: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (2, 16), generator=g)
+    labels = torch.where(torch.rand(2, 16, generator=g) < 0.3, ids, -100)
+    labels[0, 0] = ids[0, 0]  # at least one predicted position
+    return ids, labels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hand_written_bert_matches_transformers(dtype):
+    from benchmarks import hand_bert as B
+
+    sizes = B.BertSizes(hidden=32, intermediate=64, layers=2, heads=4, vocab=96, positions=32)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(sizes.hf_config()).to(dtype).train()
+    _randomize(model)
+    ids, labels = _mlm_batch(sizes.vocab, seed=4)
+    jids, jlab = jnp.asarray(ids.numpy()), jnp.asarray(labels.numpy())
+    params = B.params_from_torch(model)
+    leaves = _leaves(B.torch_tree(model))
+    # the decoder weight is the word embedding (tied): one parameter, one leaf
+    assert len(leaves) == len(jax.tree.leaves(params)) == len(list(model.parameters()))
+
+    out = model(ids, labels=labels)
+    out.loss.backward()
+    with jax.default_matmul_precision("highest"):
+        logits = B.forward(sizes, params, jids)
+        loss, grads = jax.value_and_grad(lambda p: B.loss_fn(sizes, p, jids, jlab))(params)
+    assert logits.dtype == params["word"].dtype
+    # bfloat16 keeps 8 bits: the two programs round differently, so its check is looser.
+    tol, loss_tol, grad_tol = (1e-5, 1e-5, 1e-4) if dtype == torch.float32 else (3e-2, 2e-2, 1e-1)
+    _close(logits, _np(out.logits), tol, "logits")
+    assert abs(float(loss) - out.loss.item()) < loss_tol
+    for g, p in zip(jax.tree.leaves(grads), leaves, strict=True):
+        assert g.dtype == params["word"].dtype
+        _close(g, _np(p.grad), grad_tol, f"grad of {tuple(p.shape)}")
+    if dtype != torch.float32:
+        return
+    # One AdamW step (eps=1e-3: the key bias's gradient is rounding noise, see the ViT's test).
+    torch.optim.AdamW(model.parameters(), eps=1e-3).step()
+    step = B.jitted_train_step(sizes, H.AdamW(eps=1e-3))
+    new_params, _, step_loss = step(params, H.adamw_init(params), jids, jlab)
+    assert abs(float(step_loss) - out.loss.item()) < 1e-5
+    for a, p in zip(jax.tree.leaves(new_params), leaves, strict=True):
+        _close(a, _np(p), 1e-5, f"parameter {tuple(p.shape)} after one step")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hand_written_resnet_matches_timm(dtype):
+    from benchmarks import hand_resnet as R
+
+    sizes = R.ResNetSizes(layers=(1, 2, 1, 1), channels=(8, 16, 16, 32), image=32, labels=10)
+    torch.manual_seed(0)
+    model = sizes.timm_model().to(dtype).train()
+    _randomize(model, names=("bn", "downsample.1", "fc.bias"))
+    with torch.no_grad():  # running statistics that are not the initial zeros and ones
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    g = torch.Generator().manual_seed(5)
+    pixels = torch.randn(4, 3, 32, 32, generator=g).to(dtype)
+    labels = torch.randint(0, 10, (4,), generator=g)
+    jpix, jlab = jnp.asarray(_np(pixels)).astype(jnp.dtype(str(dtype)[6:])), jnp.asarray(labels)
+    params, stats = R.params_from_torch(model), R.stats_from_torch(model)
+    leaves = _leaves(R.torch_tree(model))
+    assert len(leaves) == len(jax.tree.leaves(params)) == len(list(model.parameters()))
+    assert any("down_conv" in b for stage in params["stages"] for b in stage)
+
+    logits = model(pixels)
+    loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+    loss.backward()
+    with jax.default_matmul_precision("highest"):
+        jlogits, _ = R.forward(sizes, params, stats, jpix, train=True)
+        (jloss, new_stats), grads = jax.value_and_grad(
+            lambda p: R.loss_fn(sizes, p, stats, jpix, jlab), has_aux=True
+        )(params)
+    f32 = dtype == torch.float32
+    tol = 1e-5 if f32 else 3e-2
+    assert jlogits.dtype == params["fc_w"].dtype
+    _close(jlogits, _np(logits), tol, "logits")
+    assert abs(float(jloss) - loss.item()) < (1e-5 if f32 else 2e-2)
+    if f32:
+        for grad, p in zip(jax.tree.leaves(grads), leaves, strict=True):
+            _close(grad, _np(p.grad), 1e-4, f"grad of {tuple(p.shape)}")
+    else:
+        # bfloat16 BatchNorm backward over 4 images: torch's own gradients are 3-40% (relative
+        # L2) from float32 arithmetic on the same weights (the hand program's, checked above in
+        # float32); the hand program's may be at most twice as far from it as torch's are.
+        up = lambda t: jax.tree.map(lambda a: a.astype(jnp.float32), t)  # noqa: E731
+        with jax.default_matmul_precision("highest"):
+            exact = jax.grad(
+                lambda p: R.loss_fn(sizes, p, up(stats), jpix.astype(jnp.float32), jlab)[0]
+            )(up(params))
+        rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
+        for grad, ref, p in zip(
+            jax.tree.leaves(grads), jax.tree.leaves(exact), leaves, strict=True
+        ):
+            assert grad.dtype == jnp.bfloat16
+            ours, theirs, ref = np.asarray(grad, np.float32), _np(p.grad), np.asarray(ref)
+            assert rel(ours, ref) <= 2 * max(rel(theirs, ref), 0.05), p.shape
+    torch_stats = _leaves(R.torch_stats(model))  # updated by the training-mode forward
+    assert len(torch_stats) == 2 * sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    for a, s in zip(jax.tree.leaves(new_stats), torch_stats, strict=True):
+        assert a.dtype == params["fc_w"].dtype
+        _close(a, _np(s), tol, f"running statistic {tuple(s.shape)}")
+    if not f32:
+        return
+    # One AdamW step: every parameter and running statistic after it, then inference from them
+    # (eps=1e-3: gradients that are rounding noise on both sides, see the ViT's test).
+    torch.optim.AdamW(model.parameters(), eps=1e-3).step()
+    step = R.jitted_train_step(sizes, H.AdamW(eps=1e-3))
+    new_params, _, step_stats, step_loss = step(params, H.adamw_init(params), stats, jpix, jlab)
+    assert abs(float(step_loss) - loss.item()) < 1e-5
+    # 2e-4 of a weight of 0.1 is 2% of one update (lr 1e-3): BatchNorm's gradients carry more
+    # rounding than a transformer's (measured: 1.2e-5 on the stem's weight, float32).
+    for a, p in zip(jax.tree.leaves(new_params), leaves, strict=True):
+        _close(a, _np(p), 2e-4, f"parameter {tuple(p.shape)} after one step")
+    for a, s in zip(jax.tree.leaves(step_stats), torch_stats, strict=True):
+        _close(a, _np(s), 1e-5, f"running statistic {tuple(s.shape)} after one step")
+    model.eval()
+    with torch.no_grad():
+        expected = model(pixels)
+    _close(R.jitted_forward(sizes)(new_params, step_stats, jpix), _np(expected), 1e-5, "eval")
+
+
+def test_merge_keeps_earlier_rows_of_the_same_sizes_with_their_conditions(tmp_path):
+    from benchmarks import tpu_programs as T
+    from benchmarks.tpu_workloads import BATCH, SIZES
+
+    def run(date, rows, sizes=None):
+        return {
+            "target": "v5e:2x2",
+            "small": True,
+            "sizes": sizes or {m: SIZES[m][True] for m in SIZES},
+            "batch": {m: list(BATCH[m][True]) for m in BATCH},
+            "conditions": {"date": date, "command": "x", "load_before": [1.0]},
+            "rows": rows,
+        }
+
+    path = tmp_path / "r.json"
+    old_sizes = {m: SIZES[m][True] for m in SIZES}
+    old_sizes["vit"] = dict(old_sizes["vit"], layers=9)  # the ViT's sizes changed since
+    rows = {"train-f32": {"hand": 1}, "bert-train-f32": {"hand": 2}, "vit-train-f32": {"hand": 3}}
+    path.write_text(json.dumps(run("d1", rows, old_sizes)))
+    data = run("d2", {})
+    T._merge_earlier(data, path, ["bert-train-f32"])
+    # measured now: not kept; another size: dropped; the Llama's row: kept, with its run's date
+    assert data["rows"] == {"train-f32": {"hand": 1}}
+    assert data["earlier"]["train-f32"]["date"] == "d1"
+    assert "train-f32" in " ".join(T._earlier_lines(data))
+    # merged again later, a row keeps the conditions of the run that measured it
+    path.write_text(json.dumps(data))
+    again = run("d3", {})
+    T._merge_earlier(again, path, [])
+    assert again["earlier"]["train-f32"]["date"] == "d1"

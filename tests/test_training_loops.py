@@ -113,7 +113,7 @@ def test_autocast_bf16_in_compiled_forward_and_backward():
     atol, rtol = tolerance(torch.bfloat16)
     e_loss, e_grads = grads(False)
     loss, c_grads = grads(True)
-    graphs = [g.name.split("-")[1] for g in tpu_inductor.runtime.report(False).graphs]
+    graphs = [g.name.split("-")[1] for g in tpu_inductor.report(False).graphs]
     assert graphs == ["forward", "backward"], graphs
     f32_loss, _ = grads(False, bf16=False)
     assert_same(loss, e_loss, atol, rtol)
@@ -180,4 +180,4 @@ def test_trainer_trains_like_eager(mode):
     atol, rtol = tolerance(torch.float32)
     assert_same(losses, e_losses, atol, rtol, what="losses")
     assert_same(params, e_params, atol, rtol, what="params")
-    assert not tpu_inductor.runtime.report(False).fallback_ops
+    assert not tpu_inductor.report(False).fallback_ops

@@ -52,7 +52,7 @@ def test_generate_with_transformers_compile_config():
         assert torch.equal(actual, expected), f"{actual}\n!=\n{expected}"
         assert _graphs() >= 1, "generate() did not compile through tpu-inductor"
         assert any(
-            "inference" in g.name for g in tpu_inductor.runtime.report(print_table=False).graphs
+            "inference" in g.name for g in tpu_inductor.report(print_table=False).graphs
         )
         # options with CompileConfig's default mode: torch alone refuses mode and options.
         with_options = transformers.CompileConfig(backend="tpu", options={"device": "cpu"})

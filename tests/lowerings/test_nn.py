@@ -48,6 +48,56 @@ def test_max_pool_values_with_and_without_indices(dims, dtype, return_indices):
         _check_grads(lambda x: pool(x.nan_to_num(), 3, 2, 1), x)  # training keeps the indices
 
 
+@pytest.mark.parametrize(
+    "dims, kernel, stride, padding, dilation, ceil_mode",
+    [
+        (2, 3, 2, 1, 1, False),  # ResNet's stem pool
+        (2, (3, 2), (2, 1), (1, 0), (1, 2), True),  # overlapping, dilated, a partial last window
+        (2, 2, None, 0, 1, False),  # stride = kernel: no overlap
+        (3, 3, 2, 1, 1, True),
+        (2, 9, 1, 0, 1, False),  # 81 offsets: the scatter-add path
+    ],
+)
+def test_max_pool_backward_sums_each_inputs_gradients(
+    dims, kernel, stride, padding, dilation, ceil_mode
+):
+    """max_pool*_with_indices_backward: each input gets the summed gradients of every output
+    whose saved index it is (many ties: one input is the max of several windows), per window
+    offset (pad + select) or, past 64 offsets, by a scatter-add."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 3, (2, 3) + (10, 9, 8)[:dims]).float()
+    pool = F.max_pool2d if dims == 2 else F.max_pool3d
+
+    def fn(x):
+        return pool(x, kernel, stride, padding, dilation, ceil_mode)
+
+    _check_grads(fn, x)
+    # bf16: summed in float32 and rounded once; torch's kernel rounds after each add
+    _check_grads(fn, x.bfloat16(), atol=1e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "dims, stride, padding, dilation",
+    [(2, 2, 3, 1), (2, (2, 3), (1, 0), (1, 2)), (1, 3, 2, 1), (3, 2, 1, 1)],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_stem_conv_weight_grad_by_patches(
+    dims, stride, padding, dilation, dtype, monkeypatch
+):
+    """A strided convolution over 3 channels (a CNN stem) takes its weight gradient as patches
+    x output gradient (one dot; on TPUs only, forced here): the input, weight and bias
+    gradients equal eager's."""
+    from tpu_inductor.lowering.lowerings import convolution
+
+    monkeypatch.setattr(convolution, "_PATCHES_PLATFORMS", ("tpu", "cpu"))
+    torch.manual_seed(0)
+    conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)[dims - 1]
+    layer = conv(3, 8, (5, 4, 3)[:dims], stride, padding, dilation).to(dtype)
+    x = torch.randn((2, 3) + (17, 14, 9)[:dims], dtype=dtype)
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 2e-2}
+    _check_grads(lambda x, w, b: layer._conv_forward(x, w, b), x, layer.weight, layer.bias, **tol)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])

@@ -54,7 +54,7 @@ def test_training_step_compiles_and_runs_nothing(target):
         assert not out[name].any()
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     assert [p.role for p in report.programs] == ["forward", "backward", "optimizer"]
     assert not report.failed and not report.too_big
     fwd, bwd, step = report.programs
@@ -109,7 +109,7 @@ def test_a_model_too_big_for_the_chip_says_by_how_much():
     x = torch.empty(8, 65536, device="meta")
     cm = torch.compile(model, backend="tpu", options={"target": "v5e"})
     cm(x).sum().backward()
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     bad = report.failed + report.too_big
     assert bad, str(report)
     assert "does not fit" in str(report)
@@ -135,7 +135,7 @@ def test_an_op_the_tpu_cannot_compile_is_named_with_its_line():
     line = f.__code__.co_firstlineno + 1
     out = torch.compile(f, backend="tpu", options={"target": "v5e"})(torch.randn(4, 4))
     assert out.shape == (4,) and out.dtype == torch.float32
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     (program,) = report.failed
     assert "no lowering for JAX's 'eig'" in program.error
     assert f"line {line}" in program.error and __file__ in program.error
@@ -147,7 +147,7 @@ def test_report_plot_draws_memory_against_hbm(tmp_path):
     pytest.importorskip("matplotlib")
     ids = torch.randint(0, 128, (BATCH, SEQ))
     _step(tiny_llama(), ids, "v5e")
-    path = tpu_inductor.tpu.tpu_report(print_table=False).plot(str(tmp_path / "hbm.png"))
+    path = tpu_inductor.tpu_report(print_table=False).plot(str(tmp_path / "hbm.png"))
     assert (tmp_path / "hbm.png").stat().st_size > 1000 and path.endswith("hbm.png")
 
 

@@ -27,7 +27,7 @@ def test_compile_step_is_one_program_with_donated_state():
     step = tpu_inductor.compile_step(train_step, opt, options={"target": "v5e"}, fullgraph=True)
     step(ids)  # compiles the program that also creates the optimizer state
     step(ids)  # the steady state
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     assert not report.failed
     assert len(report.programs) == 2, [p.name for p in report.programs]
     steady = report.programs[-1]

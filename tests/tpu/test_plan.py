@@ -69,7 +69,7 @@ def test_compile_step_on_a_meta_model_compiles_the_real_models_programs(target, 
     params = sum(p.numel() * 4 for p in model.parameters())
     chips = tpu_inductor.tpu_target(target).num_devices
     assert real[-1][2]["output"] >= 3 * params / chips
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     (step,) = report.steps
     assert step.name == "training step" and len(step.programs) == 1  # the steady program
     assert "training step (training step) on" in str(report)
@@ -91,7 +91,7 @@ def test_the_step_peak_counts_what_stays_resident_between_programs(monkeypatch):
     cm(ids, labels=ids, use_cache=False).loss.backward()
     opt = torch.optim.AdamW(model.parameters())
     torch.compile(opt.step, backend="tpu", options=opts)()
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     assert [p.role for p in report.programs] == ["forward", "backward", "optimizer"]
     assert not any("inference" in p.name for p in report.programs)
     (step,) = report.steps
@@ -133,7 +133,7 @@ def test_multi_slice_and_tpu7x_targets_compile_with_their_links(target):
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     cm = torch.compile(model, backend="tpu", options=opts)
     cm(torch.randn(1024, 128)).sum().backward()  # activations >> weights: grads reduce
-    report = tpu_inductor.tpu.tpu_report(print_table=False)
+    report = tpu_inductor.tpu_report(print_table=False)
     assert [p.role for p in report.programs] == ["forward", "backward"]
     bwd = report.programs[1]
     assert bwd.compiled and bwd.chips == 8

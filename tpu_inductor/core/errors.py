@@ -118,7 +118,7 @@ class TargetCompileError(TpuInductorError):
     """Programs compiled for a TPU target (``options={"target": ...}``) were refused by the TPU
     compiler or do not fit in the chip's HBM.
 
-    Raised by :meth:`tpu_inductor.tpu.tpu_report` ``(...).raise_for_errors()``; the message lists
+    Raised by :meth:`tpu_inductor.tpu_report` ``(...).raise_for_errors()``; the message lists
     every such program, why (with the user's source line) and by how much it is over.
     """
 

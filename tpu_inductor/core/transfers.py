@@ -2,7 +2,7 @@
 
 On CPU a crossing is zero-copy; on TPU/GPU it is a copy over the host link, and for training
 and decoding it sets the step time. So every crossing is counted the same way on every device,
-in bytes and in number, per graph and in total (``tpu_inductor.runtime.report().transfers``):
+in bytes and in number, per graph and in total (``tpu_inductor.report().transfers``):
 
 host -> device
   ``input``        a per-call input the device does not hold (the batch, a host-changed tensor)

@@ -77,7 +77,7 @@ class Options:
         target: a TPU topology (``"v5e:2x2"``, ``"v6e-8"``, ``"v5p"``; see
             :func:`tpu_inductor.tpu_target`) to compile every graph for, on any machine (libtpu
             needed, no TPU): nothing runs, graphs return placeholders, and
-            :func:`tpu_inductor.tpu.tpu_report` describes each program. With ``mesh``, the mesh must
+            :func:`tpu_inductor.tpu_report` describes each program. With ``mesh``, the mesh must
             be over the target's chips (``tpu_target(name).mesh(...)``).
         scan_layers: lower a model's repeated blocks (``model.layers.0 .. N-1``: the same ops
             on different weights) once, as a ``jax.lax.scan`` over the stacked per-layer
@@ -276,7 +276,7 @@ def _target_problems(values: dict) -> list[str]:
 
 
 # TPU_INDUCTOR_EAGER_OPS (where eager ops on keep_on_device state run) is read by the runtime
-# itself, where it is used: tpu_inductor/runtime/device_eager.py, eager_ops().
+# itself, where it is used: tpu_inductor/runtime/call/device_eager.py, eager_ops().
 
 
 _logging_configured = False

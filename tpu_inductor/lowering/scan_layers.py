@@ -19,6 +19,9 @@ of a ``lax.scan``:
 - a block's values used after the run (saved activations, weight gradients, a KV cache) come
   out as the scan's stacked ``ys`` and are sliced apart; the last block's carry is the result.
 
+compile_step's optimizer update of those layers (no module path) is scanned by
+:mod:`tpu_inductor.lowering.scan_updates`, called at the end of :func:`plan_scans`.
+
 Anything else stays unrolled, with the reason logged at DEBUG on ``tpu_inductor.lowering.scan_layers``:
 a block with a random op (each layer's draw number differs), an in-place input update, an
 effect token or symbolic-size arithmetic; a graph with symbolic sizes; a block that reads a
@@ -299,11 +302,17 @@ def _stacked(values: list, stacks: dict):
                 return whole
             if index == list(range(len(values)))[::-1]:
                 return jnp.flip(whole, 0)
-    return jnp.stack(values)
+    key = ("stack", *map(id, values))  # the same values stacked twice (weights: forward, update)
+    hit = stacks.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[1], values, strict=True)):
+        return hit[0]
+    stacks[key] = (jnp.stack(values), values)
+    return stacks[key][0]
 
 
-def _analyze(name, blocks, keep, gm_attrs) -> ScanGroup | str:
-    """The scan of a run of blocks of equal structure, or why it can't be one."""
+def _analyze(name, blocks, keep, gm_attrs, *, carry_required=True) -> ScanGroup | str:
+    """The scan of a run of blocks of equal structure, or why it can't be one (a run of layers
+    must pass a value from block to block; an optimizer update, ``carry_required=False``, not)."""
     window = {n for b in blocks for n in b}
     per_block = [
         _describe(b, blocks[i - 1] if i else None, gm_attrs)[1] for i, b in enumerate(blocks)
@@ -331,7 +340,7 @@ def _analyze(name, blocks, keep, gm_attrs) -> ScanGroup | str:
             leaves_flat.append(("xs", nodes))
         else:
             return "an argument is the previous block's value in some blocks only"
-    if not carry:
+    if not carry and carry_required:
         return "no value flows from one block to the next (not a stack of layers)"
     carry_list = sorted(carry.items())
     carry_index = {p: k for k, (p, _) in enumerate(carry_list)}
@@ -447,4 +456,16 @@ def plan_scans(
             else:
                 log.debug("scan_layers: block %d of %s matches no neighbour", s, name)
             s = max(j, s + 1)
+    from tpu_inductor.lowering.scan_updates import plan_update_scans
+
+    groups.update(
+        plan_update_scans(
+            nodes,
+            labels=labels,
+            groups=groups,
+            unscannable=unscannable,
+            keep=keep,
+            gm_attrs=gm_attrs,
+        )
+    )
     return groups

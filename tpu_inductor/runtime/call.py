@@ -60,7 +60,7 @@ def draw_seed() -> np.ndarray:
 
 @dataclasses.dataclass
 class Build:
-    """Why and how fast one executable was built (for ``tpu_inductor.runtime.report()``)."""
+    """Why and how fast one executable was built (for ``tpu_inductor.report()``)."""
 
     signature: tuple
     reason: str

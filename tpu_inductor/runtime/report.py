@@ -1,4 +1,4 @@
-"""``tpu_inductor.runtime.report()``: what the backend compiled, why, and how long it took."""
+"""``tpu_inductor.report()``: what the backend compiled, why, and how long it took."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def report(print_table: bool = True) -> Report:
         ``keep_on_device`` state ran (``eager_ops``).
 
     Example:
-        >>> tpu_inductor.runtime.report()  # after running a compiled model
+        >>> tpu_inductor.report()  # after running a compiled model
     """
     seen = {}
     for compiled in list(cache.COMPILED):

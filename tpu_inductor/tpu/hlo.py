@@ -248,16 +248,25 @@ class Collective:
 
 
 def collectives(text: str, num_devices: int) -> list[Collective]:
-    """Every collective in an optimized HLO module, with its bytes and first replica group."""
+    """Every collective in an optimized HLO module, with its bytes and first replica group,
+    listed once per run: one in a loop body (``scan_layers``' layer loop) as many times as the
+    loop runs (``hlo_loops.computation_counts``)."""
+    from tpu_inductor.tpu.hlo_loops import computation_counts, split_computations
+
     frames = parse_tables(text)
+    counts = computation_counts(text)
+    comps, _ = split_computations(text)
+    lines = [(counts.get(c, 1), line) for c, body in comps.items() for line in body]
+    if not comps:  # a fragment, not a module
+        lines = [(1, line) for line in text.splitlines()]
     found = []
-    for line in text.splitlines():
+    for times, line in lines:
         m = _COLLECTIVE.match(line)
         if m is None:
             dcn = _DCN_SEND.match(line)
             if dcn is not None:  # the data-center-network leg of a collective across slices
-                found.append(Collective(dcn.group(1), DCN_TRANSFER, _array_bytes(dcn.group(2)),
-                                        (), "", None))  # fmt: skip
+                found += [Collective(dcn.group(1), DCN_TRANSFER, _array_bytes(dcn.group(2)),
+                                     (), "", None)] * times  # fmt: skip
             continue
         name, shape, kind, _start, rest = m.groups()
         size = _collective_bytes(shape, kind, bool(_start))
@@ -266,7 +275,7 @@ def collectives(text: str, num_devices: int) -> list[Collective]:
             size *= max(len(group), 1)
         op_name = re.search(r'op_name="([^"]*)"', rest)
         frame = re.search(r"stack_frame_id=(\d+)", rest)
-        found.append(
+        found += [
             Collective(
                 name=name,
                 kind=kind,
@@ -275,7 +284,7 @@ def collectives(text: str, num_devices: int) -> list[Collective]:
                 scope=_scope(op_name.group(1)) if op_name else "",
                 source=frames.get(int(frame.group(1))) if frame else None,
             )
-        )
+        ] * times
     return found
 
 
@@ -340,7 +349,7 @@ def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
     """FLOPs of every ``dot_general`` and convolution in ``jaxpr`` (sub-jaxprs included), keyed
     by (operand dtype, precision): what the MXU does, at a rate that depends on both."""
     totals: dict[tuple[str, str], float] = collections.defaultdict(float)
-    for eqn in _eqns(jaxpr):
+    for eqn, times in _eqns_counted(jaxpr):
         name = eqn.primitive.name
         if name not in ("dot_general", "conv_general_dilated"):
             continue
@@ -353,18 +362,26 @@ def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
         else:
             spec = eqn.params["dimension_numbers"].rhs_spec  # (out feature, in feature, ...)
             flops = 2.0 * float(np.prod(out.shape)) * float(np.prod(rhs.shape)) / rhs.shape[spec[0]]
-        totals[(_short_dtype(lhs.dtype), _precision(eqn.params.get("precision")))] += flops
+        totals[(_short_dtype(lhs.dtype), _precision(eqn.params.get("precision")))] += flops * times
     return dict(totals)
 
 
-def _eqns(jaxpr):
+def _eqns_counted(jaxpr, times: int = 1):
+    """``(eqn, times)`` for every equation, sub-jaxprs included, with how often it runs per
+    call: a ``scan`` body (``scan_layers``' repeated blocks) runs ``length`` times, so its
+    matmuls count that many times (a loop without a static count counts once)."""
     import jax
 
     closed = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in closed.eqns:
-        yield eqn
+        yield eqn, times
+        inner = times * int(eqn.params["length"]) if eqn.primitive.name == "scan" else times
         for sub in jax.core.jaxprs_in_params(eqn.params):
-            yield from _eqns(sub)
+            yield from _eqns_counted(sub, inner)
+
+
+def _eqns(jaxpr):
+    return (eqn for eqn, _ in _eqns_counted(jaxpr))
 
 
 def _short_dtype(dtype) -> str:

@@ -149,7 +149,9 @@ class Program:
         (float32 at HIGHEST is 6 bf16 passes). Elementwise FLOPs are left to the memory side:
         they run on the vector unit at the speed of the bytes they read."""
         chip = self.target.chip
-        return sum(f / chip.peak_flops(d, p) for (d, p), f in self.matmul_flops.items())
+        # the jaxpr is the global (unpartitioned) program: its FLOPs split over the devices
+        total = sum(f / chip.peak_flops(d, p) for (d, p), f in self.matmul_flops.items())
+        return total / max(self.chips, 1)
 
     @property
     def total_matmul_flops(self) -> float:

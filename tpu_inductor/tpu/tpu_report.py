@@ -1,4 +1,4 @@
-"""``tpu_inductor.tpu.tpu_report()``: what compiling for a TPU target found, for a person to read.
+"""``tpu_inductor.tpu_report()``: what compiling for a TPU target found, for a person to read.
 
 Per program (forward, backward, optimizer, inference, prefill, decode): compiled, or why not
 with the user's source line; HBM per chip (arguments, outputs, temporaries, donated/aliased,
@@ -438,7 +438,7 @@ def tpu_report(print_table: bool = True) -> TargetReport:
     Example:
         >>> cm = torch.compile(model, backend="tpu", options={"target": "v5e"})
         >>> cm(x).sum().backward()            # compiles forward and backward; runs nothing
-        >>> tpu_inductor.tpu.tpu_report().raise_for_errors()
+        >>> tpu_inductor.tpu_report().raise_for_errors()
     """
     result = TargetReport(list(programs.PROGRAMS))
     if print_table:

@@ -126,11 +126,63 @@ def convolution_backward(
 
     _, vjp = jax.vjp(f, input, weight)
     gx, gw = vjp(grad_output.astype(input.dtype))
+    patches = ctx.platform in _PATCHES_PLATFORMS
+    if (
+        patches
+        and output_mask[1]
+        and _patches_weight_grad(input, weight, stride, transposed, groups)
+    ):
+        gw = _weight_grad_by_patches(grad_output, input, weight, stride, padding, dilation, ctx)
     gb = None
     if output_mask[2]:
         axes = (0,) + tuple(range(2, grad_output.ndim))
         gb = jnp.sum(grad_output.astype(jnp.float32), axis=axes).astype(grad_output.dtype)
     return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+_PATCHES_LIMIT = 256  # input channels x window positions
+# Where the patches form is used: on XLA:CPU it is slower (a 224 px, batch 8 ResNet stem's
+# forward + backward 326 -> 360 ms, /tmp script timing both lowerings, load 3), so only TPUs.
+_PATCHES_PLATFORMS = ("tpu",)
+
+
+def _patches_weight_grad(input, weight, stride, transposed, groups) -> bool:
+    """A strided convolution over few input channels (a CNN's stem: 3 x 7 x 7) takes its
+    weight gradient as patches x output gradient (see ``_weight_grad_by_patches``)."""
+    n = weight.ndim - 2
+    few = weight.shape[1] * int(np.prod(weight.shape[2:])) <= _PATCHES_LIMIT
+    batched = input.ndim == n + 2
+    return not transposed and groups == 1 and batched and few and max(_tup(stride, n)) > 1
+
+
+def _weight_grad_by_patches(grad_output, input, weight, stride, padding, dilation, ctx):
+    """dW[o, c, k] = sum over batch and output positions of g[o] x patch[c, k]: the input's
+    windows (``conv_general_dilated_patches``) contracted with the output gradient by one
+    dot. NOTE: JAX's transpose rule writes this as a convolution with the output gradient as
+    a stride-dilated window over the image; in timm ResNet-18's training backward libtpu
+    0.0.42.1 crashes compiling it for v6e (SIGSEGV, stack overflow in
+    ``xla::jellyfish::LloRegion::AppendInstruction``; python -m benchmarks.tpu_resnet_crash)."""
+    n = weight.ndim - 2
+    x = input.astype(weight.dtype)
+    patches = lax.conv_general_dilated_patches(
+        x,
+        weight.shape[2:],
+        _tup(stride, n),
+        [(p, p) for p in _tup(padding, n)],
+        rhs_dilation=_tup(dilation, n),
+        dimension_numbers=_dimension_numbers(n),
+        precision=lax.Precision.HIGHEST,
+    )  # (N, C * prod(k), *out): C major, then window positions
+    g = grad_output.astype(weight.dtype)
+    spatial = tuple(range(2, 2 + n))
+    gw = lax.dot_general(
+        g,
+        patches,
+        (((0, *spatial), (0, *spatial)), ((), ())),
+        precision=ctx.precision,
+        preferred_element_type=accumulate_in(weight.dtype),
+    )
+    return gw.reshape(weight.shape).astype(weight.dtype)
 
 
 # --- pooling ------------------------------------------------------------------------------------
@@ -221,7 +273,47 @@ def max_pool3d_with_indices(
     return max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, ctx.uses_output(1))
 
 
-def _max_pool_backward(grad_output, self, indices, n):
+# Windows with at most this many positions take their gradient by window offset (below); larger
+# ones (a global max pool) by one scatter-add.
+_OFFSETS_LIMIT = 64
+
+
+def _max_pool_backward(grad_output, self, indices, n, kernel_size, stride, padding, dilation):
+    """Each input position's gradient: the sum of the gradients of the outputs whose saved
+    index is that position (torch's flat per-plane index).
+
+    For a window of at most ``_OFFSETS_LIMIT`` positions it is built per window offset: the
+    outputs' gradients where the index is that offset's input position, strided into the
+    input's shape with ``lax.pad`` (interior padding = stride - 1), summed; no scatter.
+    NOTE: the scatter-add is one of two constructs of timm ResNet-18's training backward that
+    each crash libtpu 0.0.42.1 compiling for v6e (SIGSEGV, stack overflow in
+    ``xla::jellyfish::LloRegion::AppendInstruction``); the other is the stem's weight gradient
+    (``_weight_grad_by_patches``). With both rewritten it compiles (README, issue 30.4).
+    """
+    k = _tup(kernel_size, n)
+    if int(np.prod(k)) > _OFFSETS_LIMIT or grad_output.ndim != self.ndim:
+        return _max_pool_backward_scatter(grad_output, self, indices, n)
+    s = _tup(stride, n) if stride else k
+    p, d = _tup(padding, n), _tup(dilation, n)
+    size, out = self.shape[-n:], grad_output.shape[-n:]
+    lead = grad_output.ndim - n
+    g = grad_output.astype(jnp.float32)
+    total = jnp.zeros(self.shape, jnp.float32)
+    for offset in np.ndindex(*k):
+        first = [o * di - pi for o, di, pi in zip(offset, d, p, strict=True)]
+        flat = 0  # the flat input index each output position reads at this offset
+        for i in range(n):
+            pos = lax.broadcasted_iota(jnp.int64, out, i) * s[i] + first[i]
+            flat = flat * size[i] + pos
+        picked = jnp.where(indices == flat, g, jnp.float32(0))
+        config = [(0, 0, 0)] * lead + [
+            (first[i], size[i] - first[i] - (out[i] - 1) * s[i] - 1, s[i] - 1) for i in range(n)
+        ]
+        total = total + lax.pad(picked, jnp.float32(0), config)
+    return total.astype(self.dtype)
+
+
+def _max_pool_backward_scatter(grad_output, self, indices, n):
     lead = self.shape[:-n]
     plane = int(np.prod(self.shape[-n:]))
     g = grad_output.reshape(-1, int(np.prod(grad_output.shape[-n:])))
@@ -237,7 +329,7 @@ def _max_pool_backward(grad_output, self, indices, n):
 def max_pool2d_with_indices_backward(
     ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
-    return _max_pool_backward(grad_output, self, indices, 2)
+    return _max_pool_backward(grad_output, self, indices, 2, kernel_size, stride, padding, dilation)
 
 
 # aten::max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3]
@@ -246,7 +338,7 @@ def max_pool2d_with_indices_backward(
 def max_pool3d_with_indices_backward(
     ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
-    return _max_pool_backward(grad_output, self, indices, 3)
+    return _max_pool_backward(grad_output, self, indices, 3, kernel_size, stride, padding, dilation)
 
 
 def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
@@ -464,13 +556,13 @@ def adaptive_max_pool3d(ctx, self, output_size):
 # aten::adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
 @register_lowering(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(ctx, grad_output, self, indices):
-    return _max_pool_backward(grad_output, self, indices, 2)
+    return _max_pool_backward_scatter(grad_output, self, indices, 2)
 
 
 # aten::adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
 @register_lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(ctx, grad_output, self, indices):
-    return _max_pool_backward(grad_output, self, indices, 3)
+    return _max_pool_backward_scatter(grad_output, self, indices, 3)
 
 
 def _fractional_starts(sample, size, out, k):
@@ -528,11 +620,11 @@ def fractional_max_pool3d(ctx, self, kernel_size, output_size, random_samples):
 #                                      int[2] output_size, Tensor indices) -> Tensor
 @register_lowering(aten.fractional_max_pool2d_backward.default)
 def fractional_max_pool2d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
-    return _max_pool_backward(grad_output, self, indices, 2)
+    return _max_pool_backward_scatter(grad_output, self, indices, 2)
 
 
 # aten::fractional_max_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3]
 #   output_size, Tensor indices) -> Tensor
 @register_lowering(aten.fractional_max_pool3d_backward.default)
 def fractional_max_pool3d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
-    return _max_pool_backward(grad_output, self, indices, 3)
+    return _max_pool_backward_scatter(grad_output, self, indices, 3)

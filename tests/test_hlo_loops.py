@@ -1,0 +1,73 @@
+"""Loop bodies counted once per run: ``hlo_loops.computation_counts`` (a while body's trip
+count, from ``known_trip_count`` or the loop condition's ``i < N``), the collectives of a body
+listed once per trip, and a ``lax.scan`` body's matmul FLOPs counted ``length`` times."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tpu_inductor.tpu import hlo, hlo_loops
+
+# the shape of libtpu's optimized HLO for scan_layers' loop (libtpu 0.0.42.1: no
+# known_trip_count; the condition compares the counter against the scan's length)
+MODULE = """HloModule jit_step
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%cond (p: (u32[], f32[8])) -> pred[] {
+  %c0 = s32[]{:T(128)} constant(0)
+  %c32 = u32[]{:T(128)} constant(32)
+  %i = u32[]{:T(128)} get-tuple-element(%p), index=0
+  %lt.1 = pred[] compare(%i, %c32), direction=LT
+  %lt.2 = pred[] compare(%i, %c0), direction=EQ
+  ROOT %o = pred[] or(%lt.1, %lt.2)
+}
+
+%body (p: (u32[], f32[8])) -> (u32[], f32[8]) {
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %all-reduce.1 = f32[8]{0} all-reduce(%x), replica_groups={{0,1}}, to_apply=%add
+  ROOT %t = (u32[], f32[8]) tuple(%i, %all-reduce.1)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %all-reduce.0 = f32[8]{0} all-reduce(%a), replica_groups={{0,1}}, to_apply=%add
+  %w = (u32[], f32[8]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_while_body_counts_its_trip_count():
+    counts = hlo_loops.computation_counts(MODULE)
+    assert counts["main"] == 1 and counts["body"] == 32 and counts["add"] == 32
+
+
+def test_collectives_in_a_loop_are_listed_once_per_trip():
+    ops = hlo.collectives(MODULE, 2)
+    assert [o.name for o in ops].count("all-reduce.0") == 1
+    assert [o.name for o in ops].count("all-reduce.1") == 32
+    assert sum(o.bytes for o in ops) == 33 * 8 * 4
+
+
+def test_known_trip_count_is_used_when_given():
+    text = MODULE.replace("body=%body", 'body=%body, backend_config={"known_trip_count":{"n":"5"}}')
+    assert hlo_loops.computation_counts(text)["body"] == 5
+
+
+def test_scan_matmul_flops_count_every_layer():
+    def step(ws, x):
+        return jax.lax.scan(lambda c, w: (c @ w, None), x, ws)[0]
+
+    ws, x = jnp.ones((6, 16, 16)), jnp.ones((4, 16))
+    flops = hlo.matmul_flops(jax.make_jaxpr(step)(ws, x))
+    assert sum(flops.values()) == 6 * 2 * 4 * 16 * 16
+
+    def unrolled(ws, x):
+        for i in range(6):
+            x = x @ ws[i]
+        return x
+
+    assert hlo.matmul_flops(jax.make_jaxpr(unrolled)(ws, x)) == flops

@@ -1,0 +1,95 @@
+"""The lowering levers of issue 30, each checked on the TPU program it changes (compile only).
+
+Each test compiles a small module for v5e with the lever on and off (its module switch) and
+asserts what the lever is for in the optimized HLO; ``benchmarks.tpu_levers --issue 30``
+measures the same switches on the full models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tpu_inductor
+from tpu_inductor.tpu import programs
+from tpu_inductor.lowering.lowerings import linalg
+
+
+class _Attention(torch.nn.Module):
+    """Q, K, V projections viewed as heads and transposed, SDPA, the output projection: what
+    attention code writes (``linear(x).view(b, s, h, d).transpose(1, 2)``)."""
+
+    def __init__(self, dim: int = 256, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+
+        def split(t):
+            return t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(out.transpose(1, 2).reshape(b, s, d))
+
+
+def _copies(module, x) -> int:
+    """Top-level copies of the one program ``module(x)`` compiles to for v5e."""
+    torch._dynamo.reset()
+    tpu_inductor.reset()
+    with torch.no_grad():
+        torch.compile(module, backend="tpu", options={"target": "v5e"})(x)
+    (program,) = programs.PROGRAMS
+    assert program.compiled, program.error
+    return sum(1 for op in program.ops if op.opcode == "copy")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_half_precision_projections_need_no_layout_copies(dtype, monkeypatch):
+    module = _Attention().to(dtype).eval()
+    x = torch.randn(4, 256, 256, dtype=dtype)
+    monkeypatch.setattr(linalg, "TPU_HALF_DOTS", False)
+    before = _copies(module, x)
+    monkeypatch.setattr(linalg, "TPU_HALF_DOTS", True)
+    after = _copies(module, x)
+    # Measured: 1 copy without the lever (a projection's float32 result converted, then laid
+    # out again for the heads), none with it.
+    assert before > 0
+    assert after == 0
+
+
+def test_hand_written_step_split_like_ours(tmp_path):
+    """``hand-2prog`` / ``hand-3prog`` (the floor of a split step) compile 2 and 3 programs;
+    the split moves more bytes than the one-program step and computes the same FLOPs."""
+    import json
+
+    from benchmarks import tpu_programs
+
+    rc = tpu_programs.main(
+        [
+            "--small",
+            "--only", "train-bf16",
+            "--contenders", "hand,hand-2prog,hand-3prog",
+            "--in-process",
+            "--out-dir", str(tmp_path),
+            "--name", "split",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads((tmp_path / "split.json").read_text())
+    rows, derived = data["rows"]["train-bf16"], data["derived"]["train-bf16"]
+    assert [p["name"] for p in rows["hand-2prog"]["programs"]] == [
+        "forward-backward",
+        "optimizer",
+    ]
+    assert [p["name"] for p in rows["hand-3prog"]["programs"]] == [
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+    for split in ("hand-2prog", "hand-3prog"):
+        assert derived[split]["bytes"] > 1.0, derived
+        assert derived[split]["flops"] == pytest.approx(1.0, rel=0.05), derived
