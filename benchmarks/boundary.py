@@ -1,7 +1,8 @@
 """Cost of each way across the torch <-> JAX boundary, per tensor, on the default JAX device.
 
 ``python -m benchmarks.boundary`` prints microseconds per conversion for each path, side by side
-in one process, so the runtime's choice (tpu_inductor/runtime/call/call.py) can be checked on any machine.
+in one process, so the runtime's choice (tpu_inductor/runtime/call.py) can be checked on any
+machine.
 """
 
 from __future__ import annotations

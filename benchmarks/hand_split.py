@@ -19,7 +19,7 @@ def split_step(M, spec, target, params, state, inputs, param_bytes: int, variant
     import jax.numpy as jnp
 
     from benchmarks import hand_llama
-    from benchmarks.tpu_programs import _state_in, analyze, compile_jitted
+    from benchmarks.tpu_analysis import _state_in, analyze, compile_jitted
 
     def forward(p, *xs):
         with jax.default_matmul_precision("highest"):

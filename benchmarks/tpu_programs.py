@@ -38,7 +38,6 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -48,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import tpu_analysis
+from benchmarks.tpu_analysis import _state_in, analyze, compile_jitted, hlo_summary
 from benchmarks.tpu_workloads import (
     BATCH,
     RATIO_KEYS,
@@ -102,87 +103,6 @@ class Target:
         import jax
 
         return jax.tree.map(lambda s: self.struct(s.shape, s.dtype), tree)
-
-
-_SHAPE = re.compile(r"^(pred|[a-z]+\d+)\[([\d,]*)\]")
-_BITS = {"pred": 8}
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
-
-
-def _shape_bytes(text: str) -> int:
-    """Bytes of an HLO array shape (``f32[4,256]{1,0}``); 0 for tuples and tokens."""
-    m = _SHAPE.match(text)
-    if not m:
-        return 0
-    kind, dims = m.groups()
-    bits = _BITS.get(kind) or int(re.sub(r"\D", "", kind) or 8)
-    n = 1
-    for d in filter(None, dims.split(",")):
-        n *= int(d)
-    return n * bits // 8
-
-
-def hlo_summary(text: str) -> dict[str, Any]:
-    """Counts of the optimized HLO's top-level (ENTRY) instructions by opcode, and the bytes
-    written by its top-level copies (layout changes XLA could not fold into a fusion)."""
-    entry, depth, ops = False, 0, {}
-    copy_bytes = 0
-    for line in text.splitlines():
-        if line.startswith("ENTRY "):
-            entry = True
-            continue
-        if not entry:
-            continue
-        if line.startswith("}"):
-            break
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        _, shape, opcode, _ = m.groups()
-        ops[opcode] = ops.get(opcode, 0) + 1
-        if opcode == "copy":
-            copy_bytes += _shape_bytes(shape)
-    del depth
-    return {"ops": dict(sorted(ops.items())), "copy_bytes": copy_bytes}
-
-
-SAVE_HLO: Path | None = None  # --save-hlo: write each program's optimized HLO there
-
-
-def analyze(compiled) -> dict:
-    """XLA's figures for one compiled program (the hand-written ones; ours come from
-    ``tpu_inductor.tpu.programs``, which reads the same analyses)."""
-    text = compiled.as_text()
-    if SAVE_HLO is not None:
-        SAVE_HLO.mkdir(parents=True, exist_ok=True)
-        (SAVE_HLO / f"program{len(list(SAVE_HLO.iterdir()))}.hlo.txt").write_text(text)
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list):  # older jaxlibs: one dict per partition
-        cost = cost[0]
-    mem = compiled.memory_analysis()
-    args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
-    alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
-    summary = hlo_summary(text)
-    return {
-        "bytes": float(cost.get("bytes accessed", 0.0)),
-        "flops": float(cost.get("flops", 0.0)),
-        # as tpu_inductor.tpu.programs.Program.peak_bytes counts it
-        "hbm_peak": int(args + outs - alias + temp + mem.generated_code_size_in_bytes),
-        "arguments": int(args),
-        "outputs": int(outs),
-        "aliased": int(alias),
-        "temp": int(temp),
-        "copies": summary["ops"].get("copy", 0),
-        "copy_bytes": summary["copy_bytes"],
-        "fusions": summary["ops"].get("fusion", 0),
-    }
-
-
-def compile_jitted(jitted, args) -> tuple[Any, float, float]:
-    """``jitted.trace(*args).lower().compile()``: (compiled, CPU seconds, wall seconds)."""
-    c0, w0 = time.process_time(), time.perf_counter()
-    compiled = jitted.trace(*args).lower().compile()
-    return compiled, time.process_time() - c0, time.perf_counter() - w0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,9 +211,9 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
                 "outside_state": max(0, state_bytes - _state_in(p.inputs, state_shapes)),
             }
         )
-        if SAVE_HLO is not None:
-            SAVE_HLO.mkdir(parents=True, exist_ok=True)
-            (SAVE_HLO / f"{p.name}.hlo.txt").write_text(p.hlo_text)
+        if tpu_analysis.SAVE_HLO is not None:
+            tpu_analysis.SAVE_HLO.mkdir(parents=True, exist_ok=True)
+            (tpu_analysis.SAVE_HLO / f"{p.name}.hlo.txt").write_text(p.hlo_text)
     return {
         "programs": programs,
         "param_bytes": int(param_bytes),
@@ -315,19 +235,6 @@ def _step_programs(programs: list, marks: list[int]) -> tuple[list, set[int]]:
         last[p.role] = max(last.get(p.role, 0), c)
     chosen = [p for p, c in zip(programs, call_of, strict=True) if c == last[p.role]]
     return chosen, {last[p.role] for p in chosen}
-
-
-def _state_in(inputs: list, state_shapes) -> int:
-    """Bytes of a program's arguments that are parameters or optimizer state, matched by shape
-    and dtype (for these models no activation has a parameter's shape)."""
-    left = dict(state_shapes)
-    total = 0
-    for shape, dtype in inputs:
-        key = (tuple(shape), str(dtype))
-        if left.get(key, 0) > 0:
-            left[key] -= 1
-            total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return total
 
 
 def _train_step(variant: str, model, opt, compile_kw: dict, loss_of):
@@ -384,8 +291,7 @@ def run_one(args: argparse.Namespace) -> dict:
     options = json.loads(args.options) if args.options else {}
     apply_levers(json.loads(args.levers) if args.levers else {})
     if args.save_hlo:
-        global SAVE_HLO
-        SAVE_HLO = Path(args.save_hlo) / f"{args.workload}-{args.contender}"
+        tpu_analysis.SAVE_HLO = Path(args.save_hlo) / f"{args.workload}-{args.contender}"
     if args.contender.startswith("hand"):
         variant = args.contender.removeprefix("hand").removeprefix("-") or "1prog"
         if variant != "1prog" and parse_workload(args.workload)[1] == "infer":

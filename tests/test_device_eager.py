@@ -111,9 +111,7 @@ def test_eager_clip_grad_norm_stays_on_the_device(accelerator_imports):
     _assert_same_params(ref, dev)
     # per steady-state step: the loss gradient in, the loss read out; no gradient crossed
     assert moved == [(4, 4, {(H2D, "input"): [1, 4], (D2H, "sync"): [1, 4]})] * 3, moved
-    assert "eager ops on keep_on_device state" in str(
-        tpu_inductor.report(print_table=False)
-    )
+    assert "eager ops on keep_on_device state" in str(tpu_inductor.report(print_table=False))
 
 
 def test_before_eager_ops_ran_on_the_device_clipping_moved_every_gradient(eager_ops_on_host):

@@ -17,9 +17,7 @@ from tpu_inductor.runtime.buckets import PaddingWarning, bucket
 
 
 def _graphs(kind="inference"):
-    return [
-        g for g in tpu_inductor.report(print_table=False).graphs if g.name.endswith(kind)
-    ]
+    return [g for g in tpu_inductor.report(print_table=False).graphs if g.name.endswith(kind)]
 
 
 def test_twenty_batch_sizes_one_dynamo_graph_twenty_executables():

@@ -1,4 +1,5 @@
-"""``_foreach_*`` ops and the grad scaler's unscale (``tpu_inductor.capture.foreach``): compiled with
+"""``_foreach_*`` ops and the grad scaler's unscale (``tpu_inductor.capture.foreach``): compiled
+with
 ``fallback="error"`` (so each is lowered, not run in torch) they match CPU eager, and compiled
 foreach optimizers are lowered whole."""
 

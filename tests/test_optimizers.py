@@ -1,4 +1,5 @@
-"""Compiled optimizer steps with learning-rate schedulers (``tpu_inductor/dynamo/optimizers.py``): every
+"""Compiled optimizer steps with learning-rate schedulers (``tpu_inductor/dynamo/optimizers.py``):
+every
 torch and transformers scheduler, warmup from lr = 0 included, gives eager's parameters with a
 compiled ``opt.step`` and never recompiles it; torch's capturable-Adam NaN at lr = 0 is
 repaired; a float lr that changes says what to do."""

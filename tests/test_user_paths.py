@@ -51,9 +51,7 @@ def test_generate_with_transformers_compile_config():
         actual = _generate(model, ids, compile_config=transformers.CompileConfig(backend="tpu"))
         assert torch.equal(actual, expected), f"{actual}\n!=\n{expected}"
         assert _graphs() >= 1, "generate() did not compile through tpu-inductor"
-        assert any(
-            "inference" in g.name for g in tpu_inductor.report(print_table=False).graphs
-        )
+        assert any("inference" in g.name for g in tpu_inductor.report(print_table=False).graphs)
         # options with CompileConfig's default mode: torch alone refuses mode and options.
         with_options = transformers.CompileConfig(backend="tpu", options={"device": "cpu"})
         assert torch.equal(_generate(model, ids, compile_config=with_options), expected)

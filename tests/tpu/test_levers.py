@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import tpu_inductor
-from tpu_inductor.tpu import programs
 from tpu_inductor.lowering.lowerings import linalg
+from tpu_inductor.tpu import programs
 
 
 class _Attention(torch.nn.Module):

@@ -73,7 +73,8 @@ def tpu_backend(
     Args:
         gm: the torch-level FX graph Dynamo captured.
         example_inputs: its example inputs (FakeTensors, SymInts).
-        options: ``torch.compile(..., options={...})``; see :class:`tpu_inductor.dynamo.config.Options`.
+        options: ``torch.compile(..., options={...})``; see
+        :class:`tpu_inductor.dynamo.config.Options`.
         mode: ``torch.compile(..., mode=...)``: ``"default"``, ``"reduce-overhead"``,
             ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``; all compile the same way
             here (see :data:`tpu_inductor.dynamo.config.MODES` for why).

@@ -165,7 +165,8 @@ def _joinable_step(reason: str, inner) -> bool:
 
 def join_optimizer_step() -> torch.optim.Optimizer | None:
     """If the frame Dynamo is compiling is an optimizer's ``step`` that
-    :mod:`tpu_inductor.dynamo.optimizers` can trace, give that instance a ``step`` Dynamo traces (see
+    :mod:`tpu_inductor.dynamo.optimizers` can trace, give that instance a ``step`` Dynamo traces
+    (see
     the module docstring) and return the optimizer; else ``None``."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator

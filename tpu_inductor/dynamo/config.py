@@ -276,7 +276,7 @@ def _target_problems(values: dict) -> list[str]:
 
 
 # TPU_INDUCTOR_EAGER_OPS (where eager ops on keep_on_device state run) is read by the runtime
-# itself, where it is used: tpu_inductor/runtime/call/device_eager.py, eager_ops().
+# itself, where it is used: tpu_inductor/runtime/device_eager.py, eager_ops().
 
 
 _logging_configured = False

@@ -268,7 +268,8 @@ def _fake_result(op, args, kwargs):
 def check_supported(gm: fx.GraphModule) -> None:
     """Raise one :class:`UnsupportedOpError` listing every node without a lowering.
 
-    Ops that are unsupported on purpose (``tpu_inductor.lowering.lowerings.unsupported``) carry their
+    Ops that are unsupported on purpose (``tpu_inductor.lowering.lowerings.unsupported``) carry
+    their
     reason and the rewrite that avoids them.
     """
     missing = []
@@ -404,11 +405,17 @@ def lower_graph(
     groups = {}
     if scan_layers:
         from tpu_inductor.lowering.scan_layers import plan_scans
+        from tpu_inductor.lowering.scan_updates import plan_update_scans
 
         unscannable = {n for n in nodes if n.op == "call_function" and not _scannable(n)}
         keep = {n for n in computed + extra if isinstance(n, fx.Node)}
         groups = plan_scans(
-            nodes, keep=keep, unscannable=unscannable | host_eval, dynamic=dynamic, gm=gm
+            nodes,
+            keep=keep,
+            unscannable=unscannable | host_eval,
+            dynamic=dynamic,
+            gm=gm,
+            then=plan_update_scans,
         )
     inside = {n for g in groups.values() for n in g.nodes}
 

@@ -20,9 +20,10 @@ of a ``lax.scan``:
   out as the scan's stacked ``ys`` and are sliced apart; the last block's carry is the result.
 
 compile_step's optimizer update of those layers (no module path) is scanned by
-:mod:`tpu_inductor.lowering.scan_updates`, called at the end of :func:`plan_scans`.
+:mod:`tpu_inductor.lowering.scan_updates`, called at the end of :func:`plan_scans` (``then``).
 
-Anything else stays unrolled, with the reason logged at DEBUG on ``tpu_inductor.lowering.scan_layers``:
+Anything else stays unrolled, with the reason logged at DEBUG on
+``tpu_inductor.lowering.scan_layers``:
 a block with a random op (each layer's draw number differs), an in-place input update, an
 effect token or symbolic-size arithmetic; a graph with symbolic sizes; a block that reads a
 value two blocks back. The body is traced from the first block of the run, so the program's
@@ -38,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -384,7 +386,13 @@ def _analyze(name, blocks, keep, gm_attrs, *, carry_required=True) -> ScanGroup 
 
 
 def plan_scans(
-    nodes: list[fx.Node], *, keep: set, unscannable: set, dynamic: bool, gm: fx.GraphModule
+    nodes: list[fx.Node],
+    *,
+    keep: set,
+    unscannable: set,
+    dynamic: bool,
+    gm: fx.GraphModule,
+    then: Callable | None = None,
 ) -> dict[fx.Node, ScanGroup]:
     """Find the runs of matching blocks in a graph and plan one scan for each.
 
@@ -395,6 +403,9 @@ def plan_scans(
             read while tracing, symbolic-size arithmetic).
         dynamic: whether the graph has symbolic sizes (then nothing is scanned).
         gm: the graph module (for ``get_attr`` constants).
+        then: a planner of further scans given what this one found (``lower.py`` passes
+            :func:`tpu_inductor.lowering.scan_updates.plan_update_scans`, which builds on this
+            module: taken as an argument so the two don't import each other).
 
     Returns:
         Each scan by the last node of its run (where it is lowered: every value it reads from
@@ -456,10 +467,10 @@ def plan_scans(
             else:
                 log.debug("scan_layers: block %d of %s matches no neighbour", s, name)
             s = max(j, s + 1)
-    from tpu_inductor.lowering.scan_updates import plan_update_scans
-
+    if then is None:
+        return groups
     groups.update(
-        plan_update_scans(
+        then(
             nodes,
             labels=labels,
             groups=groups,

@@ -1,7 +1,8 @@
 """The optimizer update of repeated layers as one ``lax.scan`` (the rest of ``scan_layers``).
 
 In ``compile_step``'s one program the forward and the backward of ``model.layers.0 .. N-1`` are
-runs of blocks (:mod:`tpu_inductor.lowering.scan_layers`), but the update that follows is not: torch's
+runs of blocks (:mod:`tpu_inductor.lowering.scan_layers`), but the update that follows is not:
+torch's
 single-tensor Adam/SGD writes one chain of ops per parameter (``lerp``, ``addcdiv``, ...), its
 foreach form one op per parameter and step (op-major), and both carry no module path. Unrolled,
 that is ~20 ops per parameter for XLA to compile again per layer.

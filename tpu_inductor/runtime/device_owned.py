@@ -183,7 +183,6 @@ def _top_level_keys():
     return include, autocast
 
 
-
 class DeviceTensor(torch.Tensor):
     """A tensor whose current value may be only on the device (see the module docstring).
 

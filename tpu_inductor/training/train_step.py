@@ -42,7 +42,6 @@ from tpu_inductor.dynamo.backend import meta_fakes_as_cpu
 log = logging.getLogger(__name__)
 
 
-
 def compile_step(
     fn: Callable,
     optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = (),

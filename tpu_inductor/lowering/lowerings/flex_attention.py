@@ -5,8 +5,8 @@ the AOTAutograd graph as ``torch.ops.higher_order.flex_attention`` (forward) and
 ``torch.ops.higher_order.flex_attention_backward`` (backward), with the user's ``score_mod`` and
 the block mask's ``mask_mod`` as ATen subgraphs (``get_attr`` GraphModules over 0-d
 ``score, b, h, q_idx, kv_idx`` plus captured buffers). Both subgraphs are lowered with
-:func:`tpu_inductor.lowering.lower.lower_graph` and vectorized over the index grids with ``jax.vmap``,
-so any score/mask function built from lowerable ATen ops works.
+:func:`tpu_inductor.lowering.lower.lower_graph` and vectorized over the index grids with
+``jax.vmap``, so any score/mask function built from lowerable ATen ops works.
 
 The computation is dense (the full ``[B, H, M, N]`` score matrix), as torch's own CPU
 reference (``torch._higher_order_ops.flex_attention.math_attention``): scores in float32
@@ -21,10 +21,10 @@ visible when its block is a full block, or a partial block and ``mask_mod`` allo
 BlockMask made by ``create_block_mask`` this is exactly ``mask_mod``.
 
 On a TPU the forward and backward take splash attention instead, the block-sparse Pallas
-kernel (:mod:`tpu_inductor.lowering.lowerings.splash_attention`), when the call fits it: no score_mod or a
-constant soft cap, float32 or bfloat16, sequence lengths multiples of 128, ``max_scores`` not
-read, and a mask it can be given (:func:`_splash_plan`). Everything else, and every other
-device, is the dense computation above.
+kernel (:mod:`tpu_inductor.lowering.lowerings.splash_attention`), when the call fits it: no
+score_mod or a constant soft cap, float32 or bfloat16, sequence lengths multiples of 128,
+``max_scores`` not read, and a mask it can be given (:func:`_splash_plan`). Everything else,
+and every other device, is the dense computation above.
 """
 
 from __future__ import annotations

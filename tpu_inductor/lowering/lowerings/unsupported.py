@@ -1,6 +1,7 @@
 """ATen ops tpu-inductor does not lower on purpose, each with the reason and what to do.
 
-``tpu_inductor.lowering.lower.check_supported`` quotes these reasons in its :class:`UnsupportedOpError`,
+``tpu_inductor.lowering.lower.check_supported`` quotes these reasons in its
+:class:`UnsupportedOpError`,
 and ``tests/conformance/test_core_aten.py`` counts a Core ATen op listed here as accounted for.
 An op listed here must not also have a lowering (a test checks it): remove its row when one is
 added.
