@@ -4,6 +4,7 @@ Import it as ``tpu_inductor.lowering.lowerings`` (never as a top-level ``lowerin
 """
 
 from tpu_inductor.lowering.lowerings import (  # noqa: F401  (each module registers its family)
+    attention,
     convolution,
     creation,
     factorizations,
