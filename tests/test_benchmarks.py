@@ -15,6 +15,7 @@ import pytest
 from benchmarks import report, run
 
 
+@pytest.mark.slow  # 183 s under load (--durations, 2-core VM): the suite's whole per-call run
 def test_percall_runs_in_process_and_writes_results(tmp_path):
     rc = run.main(
         [

@@ -51,7 +51,9 @@ def test_public_api_names_are_still_importable():
 
 def test_backend_entry_point_loads_the_package_root():
     # backend="tpu" without importing anything: torch finds it through the entry point
-    code = "import torch; f = torch.compile(lambda x: x + 1, backend='tpu'); print(f(torch.ones(2)))"
+    code = (
+        "import torch; f = torch.compile(lambda x: x + 1, backend='tpu'); print(f(torch.ones(2)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tensor([2., 2.])" in out.stdout
