@@ -117,10 +117,7 @@ def params_from_torch(model) -> Params:
 def params_like(sizes: BertSizes, dtype) -> Params:
     """The parameter pytree's shapes, as ``jax.ShapeDtypeStruct`` (no data)."""
     d, i = sizes.hidden, sizes.intermediate
-
-    def s(*shape):
-        return jax.ShapeDtypeStruct(shape, dtype)
-
+    s = hand_llama.struct_of(dtype)
     layer = {
         **{f"{n}_w": s(d, d) for n in "qkvo"},
         **{f"{n}_b": s(d) for n in "qkvo"},

@@ -62,13 +62,21 @@ class LlamaSizes:
 Params = dict[str, Any]
 
 
+def to_jax(t):
+    """A torch tensor's values as a JAX array of its dtype (bfloat16-safe, through numpy)."""
+    from tpu_inductor.core.boundary import tensor_to_host
+
+    return jnp.asarray(tensor_to_host(t.detach()))
+
+
+def struct_of(dtype):
+    """``s(*shape)``: a ``jax.ShapeDtypeStruct`` of ``dtype`` (parameter shapes, no data)."""
+    return lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+
+
 def params_from_torch(model) -> Params:
     """The parameters of a ``transformers.LlamaForCausalLM`` as a JAX pytree (same dtype)."""
-    from tpu_inductor.core.boundary import tensor_to_host  # bfloat16-safe numpy view
-
-    def arr(t):
-        return jnp.asarray(tensor_to_host(t.detach()))
-
+    arr = to_jax
     body = model.model
     layers = []
     for layer in body.layers:
@@ -98,8 +106,7 @@ def params_like(sizes: LlamaSizes, dtype) -> Params:
     """The parameter pytree's shapes, as ``jax.ShapeDtypeStruct`` (no data)."""
     d, i, v, hd = sizes.hidden, sizes.intermediate, sizes.vocab, sizes.head_dim
 
-    def s(*shape):
-        return jax.ShapeDtypeStruct(shape, dtype)
+    s = struct_of(dtype)
 
     layer = {
         "ln1": s(d),

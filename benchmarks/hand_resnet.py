@@ -146,8 +146,7 @@ def stats_from_torch(model) -> dict:
 def params_like(sizes: ResNetSizes, dtype) -> Params:
     """The parameter pytree's shapes, as ``jax.ShapeDtypeStruct`` (no data)."""
 
-    def s(*shape):
-        return jax.ShapeDtypeStruct(shape, dtype)
+    s = hand_llama.struct_of(dtype)
 
     def bn(c):
         return {"w": s(c), "b": s(c)}

@@ -66,11 +66,7 @@ Params = dict[str, Any]
 
 def params_from_torch(model) -> Params:
     """The parameters of a ``transformers.ViTForImageClassification`` as a JAX pytree."""
-    from tpu_inductor.core.boundary import tensor_to_host
-
-    def arr(t):
-        return jnp.asarray(tensor_to_host(t.detach()))
-
+    arr = hand_llama.to_jax
     vit = model.vit
     emb = vit.embeddings
     layers = []
@@ -106,10 +102,7 @@ def params_from_torch(model) -> Params:
 def params_like(sizes: ViTSizes, dtype) -> Params:
     """The parameter pytree's shapes, as ``jax.ShapeDtypeStruct`` (no data)."""
     d, i = sizes.hidden, sizes.intermediate
-
-    def s(*shape):
-        return jax.ShapeDtypeStruct(shape, dtype)
-
+    s = hand_llama.struct_of(dtype)
     layer = {
         "ln1_w": s(d),
         "ln1_b": s(d),

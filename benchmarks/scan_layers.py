@@ -38,7 +38,9 @@ from benchmarks.suite import machine_info, write_record
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-def _model(layers: int, hidden: int):
+def llama(layers: int, hidden: int = 64, **overrides):
+    """A transformers Llama with SDPA attention, ``layers`` deep and ``hidden`` wide (random
+    weights, seed 0); tests/test_scan_layers.py builds its models with it too."""
     import transformers
 
     config = transformers.LlamaConfig(
@@ -49,9 +51,10 @@ def _model(layers: int, hidden: int):
         num_key_value_heads=2,
         vocab_size=128,
         max_position_embeddings=64,
+        **overrides,
     )
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").train()
+    return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
 def _figures(exes) -> dict:
@@ -90,7 +93,7 @@ def measure(layers: int, hidden: int, scan: bool, mode: str, target: str | None 
     from tpu_inductor.runtime import cache
 
     torch._dynamo.reset()
-    model = _model(layers, hidden)
+    model = llama(layers, hidden).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     model(input_ids=ids, labels=ids).loss.backward()  # the optimizer state, eagerly

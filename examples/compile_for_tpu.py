@@ -29,19 +29,35 @@ README_ARGS = [
 ]  # fmt: skip
 
 
+def llama_arguments(p: argparse.ArgumentParser, **defaults) -> None:
+    """The Llama's shape flags (``--hidden --intermediate --layers --heads --kv-heads --vocab
+    --seq``), with these defaults; examples/plan_batch.py takes the same flags."""
+    d = dict(hidden=512, intermediate=1408, layers=4, heads=8, kv_heads=2, vocab=32000, seq=1024)
+    d |= defaults
+    for name, value in d.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=value)
+
+
+def llama_config(args: argparse.Namespace):
+    """The ``LlamaConfig`` those flags describe."""
+    return transformers.LlamaConfig(
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        vocab_size=args.vocab,
+        max_position_embeddings=args.seq,
+    )
+
+
 def main(argv: list[str] | None = None):
     """Compile the step for the target and print the report; returns it."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="v5e")
     p.add_argument("--shardings", default=None, help="dp, fsdp or tp (with a multi-chip target)")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--intermediate", type=int, default=2816)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=32000)
+    llama_arguments(p, hidden=1024, intermediate=2816, heads=16, kv_heads=4)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--plot", default=None, help="write HBM per program to this PNG")
     p.add_argument(
@@ -51,15 +67,7 @@ def main(argv: list[str] | None = None):
     if args.readme_sample:
         args = p.parse_args([*README_ARGS, *(sys.argv[1:] if argv is None else argv)])
 
-    config = transformers.LlamaConfig(
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        vocab_size=args.vocab,
-        max_position_embeddings=args.seq,
-    )
+    config = llama_config(args)
     with torch.device("meta"):  # nothing is allocated
         model = transformers.LlamaForCausalLM(config).to(getattr(torch, args.dtype))
     ids = torch.empty(args.batch, args.seq, dtype=torch.long, device="meta")

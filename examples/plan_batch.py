@@ -15,6 +15,7 @@ import argparse
 
 import torch
 import transformers
+from compile_for_tpu import llama_arguments, llama_config  # examples/, beside this script
 
 import tpu_inductor
 
@@ -24,25 +25,11 @@ def main() -> None:
     p.add_argument("--target", default="v5e")
     p.add_argument("--shardings", default=None, help="dp, fsdp or tp (with a multi-chip target)")
     p.add_argument("--path", default="one-program", choices=("one-program", "split"))
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--intermediate", type=int, default=1408)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--seq", type=int, default=1024)
+    llama_arguments(p)
     p.add_argument("--checkpointing", default="none,full,selective")
     args = p.parse_args()
 
-    config = transformers.LlamaConfig(
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        vocab_size=args.vocab,
-        max_position_embeddings=args.seq,
-    )
+    config = llama_config(args)
     tpu_inductor.largest_batch(
         lambda: transformers.LlamaForCausalLM(config),
         args.target,

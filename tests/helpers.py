@@ -130,3 +130,20 @@ def tiny_llama(attn_implementation: str | None = None, **config):
     if attn_implementation is None:
         return transformers.LlamaForCausalLM(cfg)
     return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=attn_implementation)
+
+
+def kept_llama():
+    """A tiny Llama and a copy kept on the device (``keep_on_device``), each with AdamW (lr
+    1e-3), the copy compiled with its step, and a batch of ids: ``(ref, ref_opt, dev, opt,
+    compiled model, compiled step, ids)``."""
+    import tpu_inductor
+
+    ref = tiny_llama().train()
+    dev = copy.deepcopy(ref)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(dev.parameters(), lr=1e-3)
+    tpu_inductor.keep_on_device(dev, opt)
+    cm = torch.compile(dev, backend="tpu")
+    step = torch.compile(opt.step, backend="tpu")
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(4))
+    return ref, ref_opt, dev, opt, cm, step, ids

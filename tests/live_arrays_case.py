@@ -9,24 +9,13 @@ import sys
 
 import jax
 import torch
-import transformers
+from helpers import tiny_llama  # tests/helpers.py: this script runs from tests/
 
 import tpu_inductor  # noqa: F401  (the backend)
 
 
 def train(plan: str, compile_step: bool):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
+    model = tiny_llama()  # seed 0, vocab 128, hidden 32, 2 layers
     opts = {"mesh": jax.make_mesh((4,), ("data",)), "shardings": plan}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     cmodel = torch.compile(model, backend="tpu", options=opts)

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 import tpu_inductor
-from tests.helpers import tiny_llama
+from tests.helpers import kept_llama
 from tpu_inductor import DeviceTensor
 from tpu_inductor.core import boundary
 from tpu_inductor.core.transfers import D2H, H2D, TOTAL
@@ -291,14 +291,7 @@ def test_ops_without_a_device_path_sync_as_before():
 
 
 def test_transformers_llama_with_eager_clipping_matches_eager():
-    ref = tiny_llama().train()
-    dev = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    opt = torch.optim.AdamW(dev.parameters(), lr=1e-3)
-    tpu_inductor.keep_on_device(dev, opt)
-    cm = torch.compile(dev, backend="tpu")
-    step = torch.compile(opt.step, backend="tpu")
-    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(4))
+    ref, ref_opt, dev, opt, cm, step, ids = kept_llama()
     for i in range(4):
         before = TOTAL.copy()
         got = []

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import tpu_inductor
+from benchmarks.scan_layers import llama
 from tpu_inductor.core.dtypes import tolerance
 
 transformers = pytest.importorskip("transformers")
@@ -23,18 +24,7 @@ LOGGER = "tpu_inductor.lowering.scan_layers"
 
 
 def _llama(layers=4, **overrides):
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        **overrides,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    return llama(layers, **overrides)
 
 
 def _ids():

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import tpu_inductor
+from tests.helpers import tiny_llama
 from tpu_inductor.core.dtypes import tolerance
 from tpu_inductor.runtime import cache
 
@@ -99,18 +100,7 @@ def test_mlp_step_is_one_program_with_eager_numbers(make_opt):
 
 
 def test_llama_step_is_one_program_with_eager_numbers():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).train()
+    model = tiny_llama("sdpa", vocab_size=64).train()
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2))
     runs = _run(
         model,
@@ -199,20 +189,9 @@ def test_checkpointed_llama_step_is_one_program_with_eager_numbers(choice):
     # Activation checkpointing inside one program: AOTAutograd's one-graph rematerialization
     # refused SDPA (tagged random for its dropout) even at dropout_p=0.0; compile_step tells it
     # attention without dropout is deterministic (train_step._deterministic_attention_recompute).
-    transformers = pytest.importorskip("transformers")
     from tpu_inductor.training.planning import checkpoint_blocks
 
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model_e = transformers.LlamaForCausalLM(config).train()
+    model_e = tiny_llama("sdpa", vocab_size=64).train()
     model_c = copy.deepcopy(model_e)
     assert checkpoint_blocks(model_e, choice) == checkpoint_blocks(model_c, choice) == 2
     opt_e, opt_c = (

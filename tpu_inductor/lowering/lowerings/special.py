@@ -385,6 +385,16 @@ def _recurrence(p, q, step, count, nan_stop=True):
     return _while(cond, body, (i0, p, q))[2]
 
 
+def _v_trig(theta, nf, even):
+    """Chebyshev V (plain and shifted) for large n: cos((n + 1/2) theta) / cos(theta / 2), and
+    its value where cos(theta / 2) is 0 (+-(2n + 1) by n's parity), which it also returns."""
+    odd_end = jnp.where(even, nf + nf + 1, -(nf + nf + 1))
+    trig = jnp.where(
+        jnp.sin(theta / 2.0) != 1.0, jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2.0), odd_end
+    )
+    return trig, odd_end
+
+
 def _chebyshev(x, n, kind):
     """Chebyshev T/U/V/W of the first..fourth kind, as torch: endpoints, trig form, recurrence."""
     one = jnp.ones_like(x)
@@ -405,12 +415,7 @@ def _chebyshev(x, n, kind):
         )
         at_one = jnp.where((x > 0) | even, nf + 1, -(nf + 1))
     elif kind == "v":
-        odd_end = jnp.where(even, nf + nf + 1, -(nf + nf + 1))
-        trig = jnp.where(
-            jnp.sin(theta / 2.0) != 1.0,
-            jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2.0),
-            odd_end,
-        )
+        trig, odd_end = _v_trig(theta, nf, even)
         at_one = jnp.where(x > 0, 1.0, odd_end)
     else:
         sign_end = jnp.where(even, 1.0, -1.0)
@@ -447,12 +452,7 @@ def _shifted_chebyshev(x, n, kind):
         )
         at_one, at_zero = nf + 1, jnp.where(even, nf + 1, -(nf + 1))
     elif kind == "v":
-        odd_end = jnp.where(even, nf + nf + 1, -(nf + nf + 1))
-        trig = jnp.where(
-            jnp.sin(theta / 2.0) != 1.0,
-            jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2.0),
-            odd_end,
-        )
+        trig, odd_end = _v_trig(theta, nf, even)
         at_one, at_zero = one, odd_end
     else:
         sign_end = jnp.where(even, 1.0, -1.0)
