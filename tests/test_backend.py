@@ -157,9 +157,8 @@ def test_check_meta_catches_a_wrong_lowering(monkeypatch):
     good = LOWERINGS[op]
     bad = Lowering(op, lambda ctx, x: (x[..., :1] * 0).astype("float16"), None, None, False)
     monkeypatch.setitem(LOWERINGS, op, bad)
-    from tpu_inductor.runtime import cache
 
-    cache.clear()
+    tpu_inductor.reset()
     try:
         with pytest.raises(Exception) as e:
             compiled(lambda x: torch.sin(x) * 2, check_meta=True)(torch.randn(3, 4))
@@ -167,7 +166,7 @@ def test_check_meta_catches_a_wrong_lowering(monkeypatch):
         assert "aten.sin.default" in str(e.value) and "float16[3, 1]" in str(e.value)
     finally:
         LOWERINGS[op] = good
-        cache.clear()
+        tpu_inductor.reset()
 
 
 def test_float64_on_tpu_is_a_clear_error():

@@ -15,7 +15,6 @@ import tpu_inductor
 from tpu_inductor.debug import find_divergence
 from tpu_inductor.lowering.lowerings import LOWERINGS
 from tpu_inductor.lowering.lowerings.registry import Lowering
-from tpu_inductor.runtime import cache
 from tpu_inductor.testing import assert_matches_cpu
 
 
@@ -39,9 +38,9 @@ def broken_gelu(monkeypatch):
         op,
         Lowering(op, lambda ctx, x, approximate="none": jnp.tanh(x), None, None, False),
     )
-    cache.clear()
+    tpu_inductor.reset()
     yield
-    cache.clear()
+    tpu_inductor.reset()
 
 
 def test_assert_matches_cpu_passes_on_models():
@@ -98,13 +97,13 @@ def test_assert_matches_cpu_bf16_still_catches_a_lowering_bug(monkeypatch):
     good = LOWERINGS[op]
     bad = Lowering(op, lambda ctx, x: good.fn(ctx, x) * 1.05, good.promote, None, False)
     monkeypatch.setitem(LOWERINGS, op, bad)
-    cache.clear()
+    tpu_inductor.reset()
     model, x = _bf16_transformer()
     try:
         with pytest.raises(AssertionError, match="RMS error from the float64 run"):
             assert_matches_cpu(model, x, grads=True)
     finally:
-        cache.clear()
+        tpu_inductor.reset()
 
 
 def test_find_divergence_returns_none_when_all_ops_match():

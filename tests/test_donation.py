@@ -14,18 +14,17 @@ import torch.nn as nn
 import tpu_inductor
 from tests.helpers import tiny_llama
 from tpu_inductor.dynamo import backend
-from tpu_inductor.runtime import cache
 from tpu_inductor.runtime.residency import VALUES
 
 
 @pytest.fixture
 def donating(monkeypatch):
     torch._dynamo.reset()
-    cache.clear()
+    tpu_inductor.reset()
     monkeypatch.setattr(backend, "DONATE_ON_CPU", True)
     yield
     torch._dynamo.reset()
-    cache.clear()
+    tpu_inductor.reset()
 
 
 def _close(a, b):

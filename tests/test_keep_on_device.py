@@ -15,7 +15,6 @@ import tpu_inductor
 from tests.helpers import kept_llama
 from tpu_inductor import DeviceTensor
 from tpu_inductor.core.transfers import D2H, H2D, TOTAL
-from tpu_inductor.runtime import cache
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -33,7 +32,7 @@ def _model(seed: int = 0) -> nn.Module:
 def _pair(opt_cls=torch.optim.AdamW, **opt_kwargs):
     """(eager model, eager optimizer), (device-owned model, its optimizer, compiled loss,
     compiled step), built from the same seed."""
-    cache.clear()
+    tpu_inductor.reset()
     ref, dev = _model(), _model()
     ref_opt = opt_cls(ref.parameters(), lr=1e-2, **opt_kwargs)
     opt = opt_cls(dev.parameters(), lr=1e-2, **opt_kwargs)
@@ -230,7 +229,7 @@ def test_a_lazy_output_is_read_only_when_asked():
 
 
 def test_transformers_llama_training_and_generate_match_eager():
-    cache.clear()
+    tpu_inductor.reset()
     ref, ref_opt, dev, opt, cm, step, ids = kept_llama()
     for i in range(4):
         if i == 2:
