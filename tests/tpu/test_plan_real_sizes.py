@@ -4,6 +4,8 @@ config with small widths, 4 layers) with fsdp x tp on a v5p slice, compiled as o
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -28,7 +30,9 @@ def test_tiny_llama_fsdp_x_tp_plan():
     r = prs.plan_one(row, None)
     assert "failed" not in r, r
     assert r["fits"] and 0 < r["step_peak_bytes"] < r["usable_bytes"]
-    assert r["programs"] == ["graph0-training-step#0"] and r["devices"] == r["chips"] == 4
+    # one program, the training step (graphs are numbered process-wide: earlier tests count)
+    assert [re.sub(r"^graph\d+-", "", p) for p in r["programs"]] == ["training-step#0"]
+    assert r["devices"] == r["chips"] == 4
     # the step's matmuls, counted per layer through the scan, are at least the model's FLOPs
     # (6 x matmul params x tokens + causal attention; the hardware adds the recomputed forward
     # and the masked half of attention) and at most twice them
