@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "--levers",
         default="",
         help='internal switches for ours, as JSON {"module.NAME": value} under tpu_inductor '
-        '(e.g. {"capture.PARTITIONER": "default"}), to measure a lever before/after',
+        '(e.g. {"capture.aot.PARTITIONER": "default"}), to measure a lever before/after',
     )
     p.add_argument(
         "--hand-from",
