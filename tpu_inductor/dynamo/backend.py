@@ -141,7 +141,7 @@ def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
 
     Dynamo hands real (not fake) example inputs to the backend, so a ``device="meta"`` tensor
     (a model built under ``torch.device("meta")``, or before ``to_empty``) is visible here, at
-    compile time, before anything reaches JAX. The runtime's input path (``runtime.py``) would
+    compile time, before anything reaches JAX. The runtime's input path (``runtime/call.py``) would
     otherwise fail converting it with torch's "Cannot copy out of meta tensor".
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 
 log = logging.getLogger(__name__)
-# The logger that speaks without any logging set up (runtime.py: compile progress).
+# The logger that speaks without any logging set up (runtime/call.py: compile progress).
 progress_log = logging.getLogger("tpu_inductor.progress")
 
 aten = torch.ops.aten

@@ -5,4 +5,4 @@ starts from disk, and ``tpu_inductor.report()``. Imports the stages below.
 
 # Loaded with the package: it puts the device path of eager ops on DeviceTensors into
 # device_owned (see device_owned.RUN_ON_DEVICE).
-from tpu_inductor.runtime import device_eager  # noqa: E402, F401
+from tpu_inductor.runtime import device_eager  # noqa: F401
