@@ -1,5 +1,5 @@
 """Graph breaks are said once per site (tpu_inductor/dynamo/breaks.py), and a clipped, scheduled
-``opt.step()`` inside one compiled function becomes one program after its first call."""
+``opt.step()`` inside one compiled function is one program from its first call."""
 
 from __future__ import annotations
 
@@ -60,7 +60,23 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
 
 
-def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW):
+class _Trainer:
+    """Steps ``self.opt``: the optimizer is an attribute of a value the compiled frame reads."""
+
+    def __init__(self, model, opt):
+        self.model, self.opt = model, opt
+
+    def update(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.5)
+        self.opt.step()
+
+
+def _step_elsewhere(params, opts):
+    torch.nn.utils.clip_grad_norm_(params, 0.5)
+    opts[0].step()  # the optimizer is in this helper's locals only: found at its own frame
+
+
+def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW, where="closure"):
     transformers = pytest.importorskip("transformers")
     model = _mlp()
     opt = opt_cls(model.parameters(), lr=torch.tensor(1e-2))
@@ -69,6 +85,14 @@ def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW):
     def update():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         opt.step()
+
+    if where == "attribute":
+        update = _Trainer(model, opt).update
+    elif where == "helper":
+        params, opts = list(model.parameters()), [opt]
+
+        def update():
+            _step_elsewhere(params, opts)
 
     if compiled:
         update = torch.compile(update, backend="tpu")
@@ -90,7 +114,8 @@ def _train(compiled: bool, steps: int = 4, opt_cls=torch.optim.AdamW):
     return model, opt, programs, broke
 
 
-def test_clip_and_scheduled_step_are_one_program_after_the_first_call(caplog):
+@pytest.mark.parametrize("where", ["closure", "attribute", "helper"])
+def test_clip_and_scheduled_step_are_one_program(caplog, where):
     ref, ref_opt, _, _ = _train(compiled=False)
     torch._dynamo.reset()
     tpu_inductor.reset()
@@ -99,14 +124,19 @@ def test_clip_and_scheduled_step_are_one_program_after_the_first_call(caplog):
         warnings.catch_warnings(),
     ):
         warnings.filterwarnings("error", message=".*lr_scheduler.step.*before.*optimizer.step")
-        model, opt, programs, broke = _train(compiled=True)
+        model, opt, programs, broke = _train(compiled=True, where=where)
         _train_more = model(torch.randn(4, 8)).sum()  # the model still works eagerly
         del _train_more
-    # call 1: clipping and the step apart (2 programs); call 2: the joined step compiles
-    # (the state exists now: one program); calls 3-4: that program, nothing new compiled
-    assert programs[0] == 2 and programs[1] == 1 and programs[2:] == [0, 0], programs
+    if where == "helper":
+        # the optimizer is found only when Dynamo compiles its step as a frame: call 1 is
+        # clipping and the step apart (2 programs); call 2 compiles the joined step once
+        assert programs == [2, 1, 0, 0], programs
+    else:
+        # call 1: the break at opt.step() restarts the trace with the step joined (1 program,
+        # which creates the optimizer state); call 2: the steady program; then nothing new
+        assert programs == [1, 1, 0, 0], programs
     assert not _said(caplog), _said(caplog)  # the joinable break is not a warning
-    assert broke[0] > 0 and broke[1:] == [0, 0, 0], broke  # Dynamo breaks on the first call only
+    assert broke[1:] == [0, 0, 0], broke  # Dynamo breaks on the first call at most
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert_same(p.detach(), q.detach())
     assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()

@@ -95,6 +95,7 @@ def tpu_backend(
     opts = parse_options(options, mode)
     configure_logging()
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
+    breaks.restart_to_join_step(gm)  # opt.step() joins this frame's program (may restart)
     breaks.report_graph_break(gm)
     breaks.join_optimizer_step()
     # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held

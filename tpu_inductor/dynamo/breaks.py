@@ -18,10 +18,18 @@ step as a program of its own (its frame's ``self`` is an Adam, AdamW or SGD that
 :mod:`tpu_inductor.dynamo.optimizers` can trace), :func:`join_optimizer_step` gives that optimizer
 instance a ``step`` that, under Dynamo, is ``compile_step``'s traceable functional update (torch's
 ``adam``/``sgd`` on the optimizer's own state: eager's numbers) and, outside compiled code, calls
-the ``step`` it replaced (the scheduler's wrapper, hooks and all). Dynamo guards on ``opt.step``,
-so the next call of the enclosing function compiles again, into one program; measured on the
-README's loop (``tests/test_readme.py``): the first step runs as two programs, every later one
-as one.
+the ``step`` it replaced (the scheduler's wrapper, hooks and all).
+
+Where that happens decides the first call. :func:`restart_to_join_step`: when the graph Dynamo
+hands the backend ends at such an ``opt.step()`` and the optimizer is a value the compiled frame
+reads (a local, a global it names, a closure cell, or an attribute of one of those, e.g.
+``self.opt``), the step is made traceable there and Dynamo is asked to trace the frame again
+(the one restart a backend may raise, ``TensorifyScalarRestartAnalysis``, after emptying the
+frame's speculation log, which would otherwise replay the break): the first call is one program
+(``tests/test_readme.py`` and ``tests/test_optimizers.py`` count the programs). An optimizer found
+nowhere in the frame (stepped from a helper's locals) is joined when Dynamo compiles its ``step``
+as a frame of its own (:func:`join_optimizer_step`); Dynamo guards on ``opt.step``, so the next
+call compiles once more, into one program: the first call is then two programs.
 """
 
 from __future__ import annotations
@@ -163,17 +171,82 @@ def _joinable_step(reason: str, inner) -> bool:
     )
 
 
+def _current_tx():
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return InstructionTranslator.current_tx()
+    except AttributeError:  # not called from Dynamo's tracing (a direct backend call)
+        return None
+
+
+def _optimizers_in_frame(tx) -> list[torch.optim.Optimizer]:
+    """The optimizers the frame Dynamo traces reads: its locals, the globals it names, its
+    closure cells, and one attribute level of each (``self.opt``), each once."""
+    values = list(getattr(tx, "f_locals", {}).values())
+    f_globals = getattr(tx, "f_globals", {})
+    values += [f_globals[n] for n in tx.f_code.co_names if n in f_globals]
+    for cell in getattr(tx, "closure", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    found: dict[int, torch.optim.Optimizer] = {}
+    for v in values:
+        inner = [v]
+        if not isinstance(v, (torch.optim.Optimizer, types.ModuleType)):
+            inner += list(getattr(v, "__dict__", {}).values())
+        for o in inner:
+            if isinstance(o, torch.optim.Optimizer):
+                found.setdefault(id(o), o)
+    return list(found.values())
+
+
+def _traceable(opt: torch.optim.Optimizer) -> bool:
+    current = opt.__dict__.get("step")
+    return not getattr(current, "_tpu_inductor_step", False) and not (
+        optimizers.unsupported_reason(opt) or _global_hooks()
+    )
+
+
+def restart_to_join_step(gm: fx.GraphModule) -> None:
+    """If the graph ended at ``opt.step()`` of an optimizer the frame reads and
+    :mod:`tpu_inductor.dynamo.optimizers` traces, make its step traceable and have Dynamo trace
+    the frame again (raises ``TensorifyScalarRestartAnalysis``), so the first call is one program
+    (module docstring). Returns without doing anything otherwise.
+
+    Args:
+        gm: the Dynamo graph, as given to the backend.
+    """
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return
+    stack = list(getattr(reason, "user_stack", None) or [])
+    if not _joinable_step(str(reason.reason), stack[-1] if stack else None):
+        return
+    tx = _current_tx()
+    speculation = getattr(tx, "speculation_log", None)
+    if tx is None or speculation is None or not hasattr(speculation, "clear"):
+        return
+    found = [o for o in _optimizers_in_frame(tx) if _traceable(o)]
+    if not found:
+        return
+    for opt in found:
+        _install(opt, opt.__dict__.get("step"))
+    names = ", ".join(sorted({type(o).__name__ for o in found}))
+    log.info("%s.step made traceable; Dynamo traces %s again", names, tx.f_code.co_name)
+    speculation.clear()  # it holds the break at opt.step(); the retrace must try the call again
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+    raise TensorifyScalarRestartAnalysis(restart_reason=f"tpu-inductor joined {names}.step")
+
+
 def join_optimizer_step() -> torch.optim.Optimizer | None:
     """If the frame Dynamo is compiling is an optimizer's ``step`` that
     :mod:`tpu_inductor.dynamo.optimizers` can trace, give that instance a ``step`` Dynamo traces
     (see
     the module docstring) and return the optimizer; else ``None``."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        tx = InstructionTranslator.current_tx()
-    except AttributeError:  # not called from Dynamo's tracing (a direct backend call)
-        return None
+    tx = _current_tx()
     opt = getattr(tx, "f_locals", {}).get("self") if tx is not None else None
     if not isinstance(opt, torch.optim.Optimizer) or tx.f_code.co_name != "step":
         return None
@@ -220,6 +293,10 @@ def _install(opt: torch.optim.Optimizer, original: Any) -> None:
 
     step._tpu_inductor_step = True
     if scheduled:
+        # installed inside the first compiled call of opt.step(): what the scheduler's wrapper
+        # records (its first step() warns without it; Dynamo's replay of the store in the traced
+        # step above was not seen on an attribute opt lacked, torch 2.13)
+        opt._opt_called = True
         step._wrapped_by_lr_sched = True  # a later scheduler must not wrap it again
     # a bound method: a scheduler built later reads step.__func__ (lr_scheduler.py)
     opt.__dict__["step"] = types.MethodType(step, ref())
