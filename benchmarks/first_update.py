@@ -45,7 +45,8 @@ def _one() -> None:
         calls.append(f"{seconds:.2f} s / {len(tpu_inductor.report(False).graphs) - before}")
         sched.step()
         opt.zero_grad()
-    print("calls (seconds / programs compiled):", ", ".join(calls), f"load {os.getloadavg()[0]:.1f}")
+    load = f"load {os.getloadavg()[0]:.1f}"
+    print("calls (seconds / programs compiled):", ", ".join(calls), load)
 
 
 def main() -> None:
