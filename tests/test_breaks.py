@@ -148,3 +148,29 @@ def test_an_optimizer_step_that_cant_join_says_so_once(caplog):
         _train(compiled=True, steps=3, opt_cls=torch.optim.RMSprop)
     said = [r.getMessage() for r in caplog.records if "RMSprop.step()" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
+
+
+def _nested(x):
+    print("not traceable", end="")  # the break: inside a call with no op before it
+    return torch.sin(x) * 2
+
+
+def test_a_break_that_hands_the_backend_no_graph_is_said(caplog, capsys):
+    """The break is in a nested call that is the frame's first op: the frame's graph before it is
+    empty and so is the nested frame's, so no graph reaching the backend ends at it (silent
+    before Dynamo's record of breaks was read; transformers' checkpointed layers under the
+    kernels package break this way)."""
+
+    def f(x):
+        return _nested(x).sum() + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(8)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.progress"):
+        for _ in range(2):
+            out = cf(x)
+    said = _said(caplog)
+    assert len(said) == 1, said
+    assert f"test_breaks.py:{f.__code__.co_firstlineno + 1}" in said[0], said[0]
+    assert "print" in said[0] and "runs in Python" in said[0], said[0]
+    assert_same(out, f(x))

@@ -5,9 +5,11 @@ code before the break and after it become separate programs and the call at the 
 Python, every call. Dynamo says so only under ``TORCH_LOGS=graph_breaks``. Every graph Dynamo
 hands the backend carries why it ended (``gm.compile_subgraph_reason``, torch 2.13's
 ``GraphCompileReason``: the reason text and the user stack at the break);
-:func:`report_graph_break` turns one that ended at a break into one WARNING on the
-``tpu_inductor.progress`` logger, once per site: where (the user's line and the line that broke),
-why, what it costs (programs and the bytes that cross back to Python at the break) and the fix.
+:func:`report_graph_break` turns each break into one WARNING on the ``tpu_inductor.progress``
+logger, once per site: where (the user's line and the line that broke), why, what it costs
+(programs and the bytes that cross back to Python at the break) and the fix. It reads Dynamo's
+record of every break too, so a break that handed the backend no graph (a nested call with no op
+before it in its frame) is said at the next graph.
 
 **Optimizer steps.** ``opt.step()`` inside a compiled function breaks the graph twice: torch's
 ``Optimizer.step`` calls ``torch._dynamo.graph_break()`` on purpose, and an LR scheduler wraps
@@ -117,18 +119,44 @@ def _fix(reason: str) -> str:
     return (hints[0] if hints else "see TORCH_LOGS=graph_breaks").rstrip(".")
 
 
-def report_graph_break(gm: fx.GraphModule) -> str | None:
-    """Warn once per site when the graph Dynamo hands the backend ended at a graph break.
+_SEEN_REASONS: list = [0, None]  # how many of Dynamo's graph_break_reasons were read, the last
+
+
+def report_graph_break(gm: fx.GraphModule) -> list[str]:
+    """Warn once per site for each graph break Dynamo took since the last call.
+
+    The graph Dynamo hands the backend carries why it ended, but a break inside a nested call
+    whose frame had no op before it (``model(...)`` as the compiled function's first line, the
+    break in a checkpointed layer) hands no graph at all: Dynamo runs that call in Python and
+    compiles the frames under it. So the breaks are read from Dynamo's own record of every
+    break reason (``torch._dynamo.utils.graph_break_reasons``; emptied by
+    ``torch._dynamo.reset()``), new entries since the last call, plus ``gm``'s own.
 
     Args:
         gm: the Dynamo graph, as given to the backend.
 
     Returns:
-        The message said (or ``None``: no break, or this site was reported before).
+        The messages said (empty: no new break, or every site was reported before).
     """
-    reason = getattr(gm, "compile_subgraph_reason", None)
-    if reason is None or not getattr(reason, "graph_break", False):
-        return None
+    from torch._dynamo.utils import graph_break_reasons
+
+    seen, last = _SEEN_REASONS
+    if seen > len(graph_break_reasons) or (seen and graph_break_reasons[seen - 1] is not last):
+        seen = 0  # Dynamo was reset since (its record emptied and refilled)
+    reasons = list(graph_break_reasons[seen:])
+    _SEEN_REASONS[:] = [len(graph_break_reasons), reasons[-1] if reasons else last]
+    own = getattr(gm, "compile_subgraph_reason", None)
+    if own is not None and getattr(own, "graph_break", False) and own not in reasons:
+        reasons.append(own)
+    said = []
+    for reason in reasons:
+        msg = _say(reason, gm if reason is own else None)
+        if msg is not None:
+            said.append(msg)
+    return said
+
+
+def _say(reason, gm: fx.GraphModule | None) -> str | None:
     stack = list(getattr(reason, "user_stack", None) or [])
     text = str(reason.reason)
     headline = next((line.strip() for line in text.splitlines() if line.strip()), text)
@@ -147,14 +175,18 @@ def report_graph_break(gm: fx.GraphModule) -> str | None:
         if inner is not None and inner is not user:
             where += f", breaking at {_site(inner)}"
     why = (headline + (f": {explanation}" if explanation else "")).rstrip(".")
+    crossing = (
+        f"{_fmt_bytes(_bytes_out(gm))} leave the program at the break and come back after it"
+        if gm is not None
+        else "the call runs in Python with the program's values as torch tensors"
+    )
     msg = (
         f"tpu-inductor: graph break in {where}: {why}. Cost: the compiled function splits here "
-        f"into separate programs and this call runs in Python (eager) every time; "
-        f"{_fmt_bytes(_bytes_out(gm))} leave the program at the break and come back after it. "
+        f"into separate programs and this call runs in Python (eager) every time; {crossing}. "
         f"Fix: {_fix(text).rstrip('.')}."
     )
     if _joinable_step(text, inner):
-        # join_optimizer_step fixes it from the next call (or warns there why it can't)
+        # restart_to_join_step or join_optimizer_step fix it (or warn why they can't)
         log.info(msg)
     else:
         progress_log.warning(msg)
