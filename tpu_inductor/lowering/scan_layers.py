@@ -36,12 +36,15 @@ README's Options and docs/architecture.md give the measured compile times and by
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import torch
 import torch.fx as fx
@@ -54,6 +57,96 @@ log = logging.getLogger("tpu_inductor.lowering.scan_layers")
 # The first numbered module in a path: "L['self'].model.layers.3.mlp" -> ("...layers", 3).
 _NUMBERED = re.compile(r"^(.*?[A-Za-z_]\w*)\.(\d+)(?=\.|$)")
 _OUTSIDE = ("", -1)  # a node with a module path that is in no numbered module
+
+# The placements of the inputs of the graph being traced, and the plan's batch sharding: set
+# by the runtime (``runtime/call.py``) around ``jax.jit(...).trace`` under a sharding plan.
+# Inside the trace a parameter's placement is invisible (an ``Auto`` mesh axis leaves it out of
+# the array's type), so a scan would leave the sharding of its stacked weights and of its carry
+# to XLA's propagation through the ``while`` loop (see :class:`Placements`).
+_PLAN: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
+    "tpu_inductor_scan_plan", default=None
+)
+
+
+@contextlib.contextmanager
+def input_shardings(shardings: Sequence, batch: Any = None) -> Iterator[None]:
+    """While tracing a graph under a sharding plan: its inputs' shardings (one per input,
+    ``None`` for none) and the plan's batch sharding (``Plan.inputs`` on its mesh), which the
+    graph's scans keep (:class:`Placements`)."""
+    token = _PLAN.set((tuple(shardings), batch))
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)
+
+
+@dataclasses.dataclass
+class Placements:
+    """Where a sharding plan puts what a scan reads (empty without a plan).
+
+    Attributes:
+        of: ``id(input value) -> NamedSharding`` of the traced graph's inputs placed over a
+            mesh of more than one device (parameters, optimizer state: the plan's placement).
+        batch: the plan's batch sharding (``PartitionSpec("data")`` on its mesh), or ``None``.
+
+    Measured (tests/tpu/test_scan_sharding.py, a tiny Llama's fsdp compile_step on v5e:2x2):
+    with neither constraint XLA sharded the scanned layers' activations on the hidden
+    dimension, all-to-alls between the layers, not the plan's batch-sharded activations and
+    gathered weights of the unrolled program.
+    """
+
+    of: dict
+    batch: Any = None
+
+    @classmethod
+    def of_inputs(cls, inputs: Sequence) -> Placements:
+        """The placements :func:`input_shardings` set for the graph traced with ``inputs``."""
+        plan = _PLAN.get()
+        if plan is None or len(plan[0]) != len(inputs):
+            return cls({})
+        shardings, batch = plan
+        of = {
+            id(v): s
+            for v, s in zip(inputs, shardings, strict=True)
+            if isinstance(s, jax.sharding.NamedSharding) and s.mesh.size > 1
+        }
+        if not isinstance(batch, jax.sharding.NamedSharding) or batch.mesh.size == 1:
+            batch = None
+        return cls(of, batch)
+
+    def stack(self, stacked, values: list):
+        """``stacked`` (``jnp.stack(values)``) constrained to the values' own placement on its
+        per-layer axes, its layer axis unsharded, when every value has the same one (fsdp: each
+        layer's weight sharded on its first dimension)."""
+        placed = {self.of.get(id(v)) for v in values}
+        if len(placed) != 1 or None in placed:
+            return stacked
+        (sharding,) = placed
+        spec = (None, *sharding.spec)
+        spec += (None,) * (stacked.ndim - len(spec))
+        return _constrain(stacked, sharding.mesh, spec)
+
+    def carry(self, value):
+        """A scan's carry (the hidden state, its gradient) sharded as the plan shards a batch:
+        on its first dimension when that divides, the rule ``Plan.input_sharding`` applies to
+        every unplaced input."""
+        if self.batch is None or getattr(value, "ndim", 0) < 2:
+            return value
+        spec = tuple(self.batch.spec)
+        if not spec or spec[0] is None:
+            return value
+        axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+        size = 1
+        for a in axes:
+            size *= self.batch.mesh.shape[a]
+        if value.shape[0] % size:
+            return value
+        return _constrain(value, self.batch.mesh, (spec[0],) + (None,) * (value.ndim - 1))
+
+
+def _constrain(value, mesh, spec: tuple):
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.lax.with_sharding_constraint(value, sharding)
 
 
 def layer_of(node: fx.Node) -> tuple[str, int] | None:
@@ -260,9 +353,11 @@ class ScanGroup:
         template = self.blocks[0]
         tpos = {n: i for i, n in enumerate(template)}
         xs = tuple(_stacked([env[n] for n in nodes], stacks) for nodes in self.xs)
-        init = tuple(env[node] for _, node in self.carry)
+        placed = stacks.get("placed") or Placements({})
+        init = tuple(placed.carry(env[node]) for _, node in self.carry)
 
         def body(carry, x):
+            carry = tuple(placed.carry(c) for c in carry)
             local: list[Any] = []
             for p, n in enumerate(template):
                 kinds = iter(self.leaves[p])
@@ -308,8 +403,11 @@ def _stacked(values: list, stacks: dict):
     hit = stacks.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[1], values, strict=True)):
         return hit[0]
-    stacks[key] = (jnp.stack(values), values)
-    return stacks[key][0]
+    stacked = jnp.stack(values)
+    if "placed" in stacks:  # under a sharding plan: each layer's placement, kept
+        stacked = stacks["placed"].stack(stacked, values)
+    stacks[key] = (stacked, values)
+    return stacked
 
 
 def _analyze(name, blocks, keep, gm_attrs, *, carry_required=True) -> ScanGroup | str:
