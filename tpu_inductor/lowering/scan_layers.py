@@ -89,10 +89,11 @@ class Placements:
             mesh of more than one device (parameters, optimizer state: the plan's placement).
         batch: the plan's batch sharding (``PartitionSpec("data")`` on its mesh), or ``None``.
 
-    Measured (tests/tpu/test_scan_sharding.py, a tiny Llama's fsdp compile_step on v5e:2x2):
-    with neither constraint XLA sharded the scanned layers' activations on the hidden
-    dimension, all-to-alls between the layers, not the plan's batch-sharded activations and
-    gathered weights of the unrolled program.
+    Measured (tests/tpu/test_scan_sharding.py: a tiny Llama's fsdp compile_step for v5e:2x2,
+    libtpu 0.0.42.1): without these constraints XLA sharded the scanned layers' hidden state
+    on its hidden dimension (all-to-alls between layers, 0.91 MiB) instead of the batch, and
+    the step accessed 1.65x the unrolled step's HBM bytes; with them 0.75x, no all-to-all,
+    collective bytes 0.98x of the unrolled step's.
     """
 
     of: dict
