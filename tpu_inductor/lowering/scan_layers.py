@@ -376,7 +376,7 @@ class ScanGroup:
             )
             return new, tuple(local[p] for p in self.ys)
 
-        final, ys = lax.scan(body, init, xs)
+        final, ys = self._scan(body, init, xs)
         for k, p in enumerate(self.ys):
             for i, block in enumerate(self.blocks):
                 if block[p] in self.needed:
@@ -386,6 +386,57 @@ class ScanGroup:
             last = self.blocks[-1][p]
             if last in self.needed and last not in env:
                 env[last] = final[k]
+
+    def _pairs(self) -> dict[int, int]:
+        """For a scan with no carry (an optimizer update): ``ys`` index -> the ``xs`` index
+        whose stack holds it, the first unpaired input of the same per-layer shape and dtype.
+        Any pairing computes the same numbers (layer ``i`` reads its inputs before writing
+        there) and saves the same bytes (one output stack per new value)."""
+        if self.carry:
+            return {}
+        free = {j: _spec(nodes[0].meta.get("val")) for j, nodes in enumerate(self.xs)}
+        pairs = {}
+        for k, p in enumerate(self.ys):
+            want = _spec(self.blocks[0][p].meta.get("val"))
+            j = next((j for j, spec in free.items() if spec == want), None)
+            if j is not None:
+                pairs[k] = j
+                del free[j]
+        return pairs
+
+    def _scan(self, body, init, xs):
+        """``lax.scan(body, init, xs)``; for an update scan, each new value is written into
+        the stack of an input it replaces (``_pairs``: read at layer ``i``, then overwritten
+        at ``i``), so the loop holds one stacked copy of the state, not an input and an
+        output stack (``scan_updates``' peak; see docs/architecture.md)."""
+        pairs = self._pairs()
+        if not pairs:
+            return lax.scan(body, init, xs)
+        order = list(pairs.items())  # (ys index, xs index)
+        inner = [j for j in range(len(xs)) if j not in pairs.values()]
+
+        def step(state, x_rest):
+            i, bufs, carry = state
+            x = [None] * len(xs)
+            for (_, j), buf in zip(order, bufs, strict=True):
+                x[j] = lax.dynamic_index_in_dim(buf, i, keepdims=False)
+            for j, v in zip(inner, x_rest, strict=True):
+                x[j] = v
+            carry, ys = body(carry, tuple(x))
+            bufs = tuple(
+                lax.dynamic_update_index_in_dim(buf, ys[k].astype(buf.dtype), i, 0)
+                for (k, _), buf in zip(order, bufs, strict=True)
+            )
+            rest = tuple(y for k, y in enumerate(ys) if k not in pairs)
+            return (i + 1, bufs, carry), rest
+
+        start = (jnp.int32(0), tuple(xs[j] for _, j in order), init)
+        rest_xs = tuple(xs[j] for j in inner)
+        (_, bufs, final), rest = lax.scan(step, start, rest_xs, length=len(self.blocks))
+        ys, it, by_k = [], iter(rest), {k: b for (k, _), b in zip(order, bufs, strict=True)}
+        for k in range(len(self.ys)):
+            ys.append(by_k[k] if k in by_k else next(it))
+        return final, tuple(ys)
 
 
 def _stacked(values: list, stacks: dict):
