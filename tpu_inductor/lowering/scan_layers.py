@@ -30,7 +30,9 @@ value two blocks back. The body is traced from the first block of the run, so th
 op metadata names that block's module path (``model.layers.0.mlp``) for every layer.
 
 Cost: ``jnp.stack`` copies the per-layer inputs once per call (the weights, in a training
-step; the saved activations, in a backward), and ``ys`` are sliced apart (a copy each). The
+step; the saved activations, in a backward), and ``ys`` are sliced apart (a copy each); an
+update scan writes its new values into its input stacks instead of stacked ``ys``. Under a
+sharding plan the stacks and the carry keep the plan's placements (:class:`Placements`). The
 README's Options and docs/architecture.md give the measured compile times and bytes.
 """
 
