@@ -1,7 +1,7 @@
 """Compile time and bytes of a Llama training step, unrolled vs ``scan_layers``, by depth.
 
 ``python -m benchmarks.scan_layers [--mode step|train] [--hidden 64] [--layers 4 32]
-[--target v5e]``
+[--target v5e] [--shardings fsdp]``
 
 A transformers Llama (hidden ``H``, intermediate ``2H``, 4 heads, 2 KV heads, vocab 128), batch
 2 x 8, AdamW, one eager step first so the optimizer state exists. ``--mode step``:
@@ -19,7 +19,9 @@ depth and variant:
   unrolled.
 
 With ``--target`` the same programs are also compiled for that TPU topology through libtpu
-(compile only), and its ``compile_s`` / peak are added as ``tpu_*``.
+(compile only), and its ``compile_s`` / peak / collective bytes are added as ``tpu_*``;
+``--shardings`` (``dp``, ``fsdp``, ``tp``) compiles those under that plan over the target's
+devices (a ``("data",)`` mesh; ``tp``: ``{"data": n/2, "model": 2}``).
 
 Writes ``benchmarks/results/scan_layers.json``. Times are this machine's, with its load
 average recorded.
@@ -83,10 +85,18 @@ def _tpu_figures(exes) -> dict:
         "compile_s": p.compile_seconds,
         "bytes_accessed": int(p.bytes_accessed),
         "peak_bytes": int(p.peak_bytes),
+        "comm_bytes": sum(c.op.bytes for c in p.comms),
     }
 
 
-def measure(layers: int, hidden: int, scan: bool, mode: str, target: str | None = None) -> dict:
+def measure(
+    layers: int,
+    hidden: int,
+    scan: bool,
+    mode: str,
+    target: str | None = None,
+    shardings: str | None = None,
+) -> dict:
     """Compile (and, without ``target``, run) one step; the figures of its programs, summed
     (``mode="train"``: forward and backward; ``"step"``: compile_step's one program)."""
     import tpu_inductor
@@ -102,6 +112,11 @@ def measure(layers: int, hidden: int, scan: bool, mode: str, target: str | None 
     options = {"scan_layers": scan}
     if target is not None:
         options["target"] = target
+        if shardings:
+            t = tpu_inductor.tpu_target(target)
+            n = t.num_devices
+            axes = {"data": n // 2, "model": 2} if shardings == "tp" else ("data",)
+            options |= {"mesh": t.mesh(axes), "shardings": shardings}
     before = set(map(id, cache.COMPILED))
     start = time.perf_counter()
     if mode == "step":
@@ -122,7 +137,9 @@ def measure(layers: int, hidden: int, scan: bool, mode: str, target: str | None 
     figures = [(_tpu_figures if target else _figures)(e) for e in exes]
     row = {"mode": mode, "layers": layers, "hidden": hidden, "scan": scan}
     prefix = "tpu_" if target else ""
-    for key in ("compile_s", "bytes_accessed", "peak_bytes"):
+    for key in ("compile_s", "bytes_accessed", "peak_bytes", "comm_bytes"):
+        if key not in figures[0]:
+            continue
         total = sum(f[key] for f in figures)
         row[prefix + key] = round(total, 2) if key == "compile_s" else total
     if target is None:
@@ -138,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, nargs="+", default=[4, 32])
     parser.add_argument("--mode", choices=("step", "train"), default="step")
     parser.add_argument("--target", default=None, help="also compile for a TPU topology")
+    parser.add_argument(
+        "--shardings", default=None, help="with --target: compile under this plan (fsdp, ...)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "scan_layers.json"))
     args = parser.parse_args(argv)
     machine = machine_info()
@@ -151,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         for r in pair:
             r["max_abs_diff"] = diff
             if args.target:
-                r.update(measure(layers, args.hidden, r["scan"], args.mode, args.target))
+                r.update(
+                    measure(layers, args.hidden, r["scan"], args.mode, args.target, args.shardings)
+                )
         rows += pair
     head = ("mode", "layers", "scan", "compile_s", "first_call_s", "bytes_accessed", "peak_bytes")
     if args.target:
-        head += ("tpu_compile_s", "tpu_bytes_accessed", "tpu_peak_bytes")
+        head += ("tpu_compile_s", "tpu_bytes_accessed", "tpu_peak_bytes", "tpu_comm_bytes")
     print("  ".join(f"{h:>14}" for h in head))
     for r in rows:
         print("  ".join(f"{r.get(h, '')!s:>14}" for h in head))
@@ -169,10 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     for prefix in ("", "tpu_") if args.target else ("",):
         for layers in args.layers:
             u, s = by[(layers, False)], by[(layers, True)]
+            comm = ""
+            if u.get(prefix + "comm_bytes"):
+                comm = f", collectives {s[prefix + 'comm_bytes'] / u[prefix + 'comm_bytes']:.2f}x"
             print(
                 f"{prefix or 'cpu_'}{layers} layers, scan / unrolled: bytes accessed "
                 f"{s[prefix + 'bytes_accessed'] / u[prefix + 'bytes_accessed']:.2f}x, peak "
-                f"{s[prefix + 'peak_bytes'] / u[prefix + 'peak_bytes']:.2f}x"
+                f"{s[prefix + 'peak_bytes'] / u[prefix + 'peak_bytes']:.2f}x{comm}"
             )
         for scan in (False, True):
             key = prefix + "compile_s"

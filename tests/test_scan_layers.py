@@ -241,3 +241,32 @@ def test_option_and_environment(monkeypatch):
     assert parse_options(None).scan_layers is True
     with pytest.raises(tpu_inductor.core.errors.InvalidOptionError, match="scan_layers"):
         parse_options({"scan_layers": "yes"})
+
+
+def test_an_update_scan_writes_its_new_values_into_the_input_stacks():
+    """An update scan (no carry) writes each new value into the stack of an input of its shape
+    and dtype (ScanGroup._scan), so the loop has no stacked outputs of its own (the TPU peak of
+    compile_step's update, docs/architecture.md); the values are plain lax.scan's."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from tpu_inductor.lowering.scan_layers import ScanGroup
+
+    graph = torch.fx.Graph()
+    nodes = [graph.placeholder(f"n{i}") for i in range(3)]
+    nodes[0].meta["val"] = nodes[2].meta["val"] = torch.empty(2, 3)  # a parameter, its new value
+    nodes[1].meta["val"] = torch.empty(5, dtype=torch.int64)  # a step count: nothing to pair
+    group = ScanGroup("t", [[nodes[2]]] * 4, [], [(nodes[0],), (nodes[1],)], [], [0], set())
+    assert group._pairs() == {0: 0}
+
+    def body(carry, x):
+        return carry, (x[0] * 2 + x[1][:3].astype(x[0].dtype),)
+
+    xs = (jnp.arange(24.0).reshape(4, 2, 3), jnp.arange(20).reshape(4, 5))
+    want = lax.scan(body, (), xs)
+    got = group._scan(body, (), xs)
+    assert jax.tree.map(lambda a, b: bool((a == b).all()), got, want) == ((), (True,))
+    (scan,) = [e for e in jax.make_jaxpr(lambda xs: group._scan(body, (), xs))(xs).eqns]
+    # the loop's outputs: the index and the stack it wrote into (carries), no stacked ys
+    assert scan.primitive.name == "scan" and len(scan.outvars) == scan.params["num_carry"] == 2

@@ -490,6 +490,10 @@ def lower_graph(
             return value
 
         stacks: dict = {}  # scan_layers: values sliced out of a scan's stacked outputs
+        if groups:  # and the placements of the inputs it stacks (a sharding plan's)
+            from tpu_inductor.lowering.scan_layers import Placements
+
+            stacks["placed"] = Placements.of_inputs(inputs)
         for node in nodes:
             if node.op in ("placeholder", "output"):
                 continue

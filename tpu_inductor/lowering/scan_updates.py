@@ -16,7 +16,7 @@ learning rate tensor) is in that layer; one reading two layers' is in none. Laye
 Neighbouring update blocks that are the same computation (:func:`scan_layers._describe`) become
 one scan with no carry: the per-layer parameters, gradients and optimizer state stacked as its
 ``xs`` (the forward's stacked weights and the backward's stacked gradients reused where they
-exist), the new values its ``ys``.
+exist), the new values written back into those stacks (``ScanGroup._scan``).
 
 The scan is lowered after the run's last node. A block node whose value is read, outside the
 run, before that point (a per-parameter norm that clipping sums) leaves the blocks together with

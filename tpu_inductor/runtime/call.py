@@ -182,6 +182,12 @@ class Executables:
                 for m in self.lowered.mutations
                 if isinstance(args[m.input_index], jax.Array | jax.ShapeDtypeStruct)
             }
+            # scan_layers' stacked per-layer weights and state keep their layers' placement
+            from tpu_inductor.lowering.scan_layers import input_shardings
+
+            batch = jax.sharding.NamedSharding(self.plan.mesh, self.plan.inputs)
+            with input_shardings([getattr(a, "sharding", None) for a in args], batch):
+                return self._jitted.trace(seed, *args)
         return self._jitted.trace(seed, *args)
 
     def record_build(self, signature: tuple, traced, lowered, seconds: float) -> str:
