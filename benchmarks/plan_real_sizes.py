@@ -347,7 +347,7 @@ def main() -> None:
         by_id[record["id"]] = record
         print(json.dumps({k: v for k, v in record.items() if k != "machine"}, indent=1))
     order = {rid: i for i, rid in enumerate(ROWS)}
-    records = sorted(by_id.values(), key=lambda r: (order.get(r["id"].split("-")[0], 99), r["id"]))
+    records = sorted(by_id.values(), key=lambda r: (order.get(r["row"]["id"], 99), r["id"]))
     OUT_JSON.write_text(json.dumps({"results": records}, indent=2) + "\n")
     OUT_MD.write_text(table(records) + "\n")
     print(table(records))
