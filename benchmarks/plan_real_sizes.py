@@ -286,7 +286,8 @@ def table(records: list[dict]) -> str:
     head = (
         "| model | target (devices) | plan | layers | batch x seq | fits? | step peak / device "
         "| roofline step | compute / HBM / ICI s | MFU ceiling (model / hw) "
-        "| tokens/s/chip ceiling | compile here | MaxText measured |\n|" + "---|" * 13
+        "| tokens/s/chip ceiling | compile here (load avg at start) | MaxText measured |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in records:
@@ -312,7 +313,7 @@ def table(records: list[dict]) -> str:
             f"| {r['mfu_ceiling']:.1%} / {r['hw_mfu_ceiling']:.1%} "
             f"| {r['tokens_per_s_per_chip']:,.0f} "
             f"| {r['wall_s']:.0f} s (XLA {r['xla_compile_s']:.0f} s, "
-            f"{r['max_rss_gib']:.1f} GiB RSS) "
+            f"{r['max_rss_gib']:.1f} GiB RSS, load {r['load_avg_before'][0]:.1f}) "
             f"| {mt} |"
         )
     return "\n".join(lines)
