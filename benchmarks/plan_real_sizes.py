@@ -305,6 +305,7 @@ def table(records: list[dict]) -> str:
             lines.append(first + f"| {r['failed']} |" + " - |" * 6 + f" {mt} |")
             continue
         gib = r["step_peak_bytes"] / 2**30
+        load = f", load {r['load_avg_before'][0]:.1f}" if r.get("load_avg_before") else ""
         lines.append(
             first + f"| {'yes' if r['fits'] else 'NO'} "
             f"| {gib:.1f} GiB of {r['usable_bytes'] / 2**30:.2f} "
@@ -313,7 +314,7 @@ def table(records: list[dict]) -> str:
             f"| {r['mfu_ceiling']:.1%} / {r['hw_mfu_ceiling']:.1%} "
             f"| {r['tokens_per_s_per_chip']:,.0f} "
             f"| {r['wall_s']:.0f} s (XLA {r['xla_compile_s']:.0f} s, "
-            f"{r['max_rss_gib']:.1f} GiB RSS, load {r['load_avg_before'][0]:.1f}) "
+            f"{r['max_rss_gib']:.1f} GiB RSS{load}) "
             f"| {mt} |"
         )
     return "\n".join(lines)
