@@ -286,7 +286,8 @@ def table(records: list[dict]) -> str:
     head = (
         "| model | target (devices) | plan | layers | batch x seq | fits? | step peak / device "
         "| roofline step | compute / HBM / ICI s | MFU ceiling (model / hw) "
-        "| tokens/s/chip ceiling | compile here | MaxText measured |\n|" + "---|" * 13
+        "| tokens/s/chip ceiling | compile here (load avg at start) | MaxText measured |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in records:
@@ -304,6 +305,7 @@ def table(records: list[dict]) -> str:
             lines.append(first + f"| {r['failed']} |" + " - |" * 6 + f" {mt} |")
             continue
         gib = r["step_peak_bytes"] / 2**30
+        load = f", load {r['load_avg_before'][0]:.1f}" if r.get("load_avg_before") else ""
         lines.append(
             first + f"| {'yes' if r['fits'] else 'NO'} "
             f"| {gib:.1f} GiB of {r['usable_bytes'] / 2**30:.2f} "
@@ -312,7 +314,7 @@ def table(records: list[dict]) -> str:
             f"| {r['mfu_ceiling']:.1%} / {r['hw_mfu_ceiling']:.1%} "
             f"| {r['tokens_per_s_per_chip']:,.0f} "
             f"| {r['wall_s']:.0f} s (XLA {r['xla_compile_s']:.0f} s, "
-            f"{r['max_rss_gib']:.1f} GiB RSS) "
+            f"{r['max_rss_gib']:.1f} GiB RSS{load}) "
             f"| {mt} |"
         )
     return "\n".join(lines)
@@ -347,7 +349,7 @@ def main() -> None:
         by_id[record["id"]] = record
         print(json.dumps({k: v for k, v in record.items() if k != "machine"}, indent=1))
     order = {rid: i for i, rid in enumerate(ROWS)}
-    records = sorted(by_id.values(), key=lambda r: (order.get(r["id"].split("-")[0], 99), r["id"]))
+    records = sorted(by_id.values(), key=lambda r: (order.get(r["row"]["id"], 99), r["id"]))
     OUT_JSON.write_text(json.dumps({"results": records}, indent=2) + "\n")
     OUT_MD.write_text(table(records) + "\n")
     print(table(records))

@@ -27,3 +27,11 @@ def test_readme_coverage_block_is_the_generated_docs_headlines():
         if line.startswith("- ") and "TPU compile" not in line:
             source = "ops.md" if "OpInfo" in line or "ATen" in line else "models.md"
             assert line in (ROOT / "docs" / source).read_text()
+
+
+def test_readme_real_size_plan_table_is_the_generated_one():
+    """README.md's real-size planning table is benchmarks/results/plan_real_sizes.md as
+    ``python -m benchmarks.plan_real_sizes`` last wrote it; after a run, paste that file in."""
+    table = (ROOT / "benchmarks" / "results" / "plan_real_sizes.md").read_text().strip()
+    readme = (ROOT / "README.md").read_text()
+    assert table in readme, "README's real-size table is stale: paste plan_real_sizes.md in"

@@ -71,3 +71,22 @@ def test_scan_matmul_flops_count_every_layer():
         return x
 
     assert hlo.matmul_flops(jax.make_jaxpr(unrolled)(ws, x)) == flops
+
+
+def test_ragged_dot_matmul_flops_every_form():
+    """An MoE's grouped GEMM (``ragged_mm``'s three ragged forms) counts the FLOPs of its
+    per-group products, as the same products written as one dense matmul per group do (the
+    ragged-K form, a weight gradient, contracts each group's share of K only)."""
+    from tpu_inductor.lowering.lowerings.grouped import ragged_mm
+
+    offs = jnp.array([8, 8, 24, 32])  # groups of 8, 0, 16, 8 rows
+    forms = {  # (a, b) -> the dense products' FLOPs: 2 x M x K x N over the groups
+        "ragged M": (jnp.ones((32, 16), jnp.bfloat16), jnp.ones((4, 16, 24), jnp.bfloat16)),
+        "ragged K": (jnp.ones((16, 32)), jnp.ones((32, 24))),
+        "ragged N": (jnp.ones((4, 16, 24)), jnp.ones((24, 32))),
+    }
+    for name, (a, b) in forms.items():
+        jaxpr = jax.make_jaxpr(lambda a, b: ragged_mm(a, b, offs, None, jnp.float32))(a, b)
+        flops = hlo.matmul_flops(jaxpr)
+        assert sum(flops.values()) == 2 * 32 * 16 * 24, name
+        assert list(flops) == [("bf16" if a.dtype == jnp.bfloat16 else "f32", "default")], name

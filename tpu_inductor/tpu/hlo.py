@@ -346,12 +346,13 @@ def _first_group(rest: str, num_devices: int) -> tuple[int, ...]:
 
 
 def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
-    """FLOPs of every ``dot_general`` and convolution in ``jaxpr`` (sub-jaxprs included), keyed
-    by (operand dtype, precision): what the MXU does, at a rate that depends on both."""
+    """FLOPs of every ``dot_general``, ragged dot (an MoE's grouped GEMM) and convolution in
+    ``jaxpr`` (sub-jaxprs included), keyed by (operand dtype, precision): what the MXU does, at
+    a rate that depends on both."""
     totals: dict[tuple[str, str], float] = collections.defaultdict(float)
     for eqn, times in _eqns_counted(jaxpr):
         name = eqn.primitive.name
-        if name not in ("dot_general", "conv_general_dilated"):
+        if name not in ("dot_general", "ragged_dot_general", "conv_general_dilated"):
             continue
         lhs, rhs = (v.aval for v in eqn.invars[:2])
         out = eqn.outvars[0].aval
@@ -359,6 +360,15 @@ def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
             (contract, _), _ = eqn.params["dimension_numbers"]
             k = int(np.prod([lhs.shape[d] for d in contract] or [1]))
             flops = 2.0 * float(np.prod(out.shape)) * k
+        elif name == "ragged_dot_general":
+            dims = eqn.params["ragged_dot_dimension_numbers"]
+            (contract, _), _ = dims.dot_dimension_numbers
+            k = int(np.prod([lhs.shape[d] for d in contract] or [1]))
+            flops = 2.0 * float(np.prod(out.shape)) * k
+            if dims.lhs_ragged_dimensions[0] in contract:
+                # ragged K (a weight gradient): the output has a group dimension, and each
+                # group contracts only its own rows of K
+                flops /= eqn.invars[2].aval.shape[0]
         else:
             spec = eqn.params["dimension_numbers"].rhs_spec  # (out feature, in feature, ...)
             flops = 2.0 * float(np.prod(out.shape)) * float(np.prod(rhs.shape)) / rhs.shape[spec[0]]
