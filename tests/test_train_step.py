@@ -42,7 +42,7 @@ def _same_state(opt_c, opt_e, params_c, params_e, what):
             torch.testing.assert_close(sc[k], se[k], atol=ATOL, rtol=RTOL, msg=f"{what} {k}")
 
 
-def _run(model_e, make_opt, batch, loss_of, steps=3):
+def _run(model_e, make_opt, batch, loss_of, steps=3, returns=lambda loss: loss.detach()):
     model_c = copy.deepcopy(model_e)
     opt_e, opt_c = make_opt(model_e), make_opt(model_c)
 
@@ -51,13 +51,16 @@ def _run(model_e, make_opt, batch, loss_of, steps=3):
         loss.backward()
         opt_c.step()
         opt_c.zero_grad()
-        return loss.detach()
+        return returns(loss)
 
     step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
     runs = []
     for i in range(steps):
         n, loss_c = _programs_per_call(step, *batch)
         runs.append(n)
+        if isinstance(loss_c, dict):
+            assert not loss_c["loss"].requires_grad, "a step's outputs come back detached"
+            loss_c = loss_c["loss"]
         loss_e = loss_of(model_e, *batch)
         loss_e.backward()
         opt_e.step()
@@ -96,6 +99,17 @@ def test_mlp_step_is_one_program_with_eager_numbers(make_opt):
     runs = _run(_mlp(), make_opt, batch, _mse)
     # Step 1 compiles a program that also creates the optimizer state; from then on each step
     # is one program.
+    assert runs == [1, 1, 1]
+
+
+def test_a_step_returning_the_loss_itself_is_one_program():
+    """``return loss`` (not ``loss.detach()``): compile_step detaches what the step returns, or
+    Dynamo would split it where backward() consumed the returned tensor's graph (three
+    programs; under fullgraph=True, an error)."""
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g))
+    opt = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-3)  # noqa: E731
+    runs = _run(_mlp(), opt, batch, _mse, returns=lambda loss: {"loss": loss})
     assert runs == [1, 1, 1]
 
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from tpu_inductor.dynamo import optimizers as optimizers_mod
 from tpu_inductor.dynamo.backend import meta_fakes_as_cpu
@@ -53,9 +54,11 @@ def compile_step(
     compiled as ONE program.
 
     Args:
-        fn: the step: forward, ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()``. Return
-            ``loss.detach()`` (a returned tensor whose graph ``backward()`` consumed makes Dynamo
-            split the step, as it says in its graph-break log).
+        fn: the step: forward, ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()``. What
+            it returns comes back detached (tensors anywhere in tuples, lists, dicts): a
+            returned tensor whose graph ``backward()`` consumed would make Dynamo split the
+            step into three programs ("autograd.grad consumed returned tensor's grad_fn"), so
+            ``return loss`` and ``return loss.detach()`` compile alike, to one program.
         optimizers: the optimizer(s) ``fn`` steps.
         options: backend options, as for ``torch.compile(..., options=...)``.
         compile_kwargs: other ``torch.compile`` arguments (``fullgraph=True`` turns any split
@@ -85,7 +88,12 @@ def compile_step(
                 f"{type(opt).__name__}"
             )
         _check_supported(opt)
-    compiled = torch.compile(fn, backend="tpu", options=options, **compile_kwargs)
+
+    @functools.wraps(fn)
+    def whole(*args, **kwargs):
+        return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, fn(*args, **kwargs))
+
+    compiled = torch.compile(whole, backend="tpu", options=options, **compile_kwargs)
     compile_only = _targets(options)
 
     @functools.wraps(fn)
