@@ -373,9 +373,11 @@ def _on_dynamo_reset() -> None:
     Dynamo's reset does not free every compiled function: the ``__compiled_fn_*`` global it
     puts in the module of each compiled frame (``transformers.utils.deprecation`` for a
     transformers model's ``forward``, ``torch.optim.adam`` for a compiled ``opt.step``) stays,
-    holding AOTAutograd's functions and so our graphs. What a graph caches on the device beyond
-    its executables (zero tangents) is dropped here, so deleted models leave no device arrays
-    behind through it (tests/test_live_arrays.py); it is rebuilt if an old graph runs again.
+    holding AOTAutograd's functions and so our graphs. What a graph caches is dropped here: its
+    device arrays (zero tangents), so deleted models leave none behind (tests/test_live_arrays.py),
+    and its executables, whose JIT code maps would otherwise add up to Linux's per-process map
+    limit (tests/test_live_arrays.py::test_reset_frees_executables); each is rebuilt if an old
+    graph runs again.
     """
     for graph in list(cache.COMPILED):
         graph.release_caches()

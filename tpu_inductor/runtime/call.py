@@ -117,6 +117,13 @@ class Executables:
         self._static = tuple(i + 1 for i in range(n) if i not in set(lowered.tensor_inputs))
         self._tensor_pos = lowered.tensor_inputs
 
+        self._jitted = self._jit()
+
+    def _jit(self):
+        """``jax.jit`` of the lowered graph (a fresh function: JAX's caches of traces, modules and
+        executables are keyed weakly on it, so dropping it frees them: ``release``)."""
+        lowered = self.lowered
+
         def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
             outs = lowered.fn(seed, *inputs)
@@ -126,12 +133,20 @@ class Executables:
                     outs[j] = jax.lax.with_sharding_constraint(outs[j], where)
             return outs
 
-        traced.__name__ = traced.__qualname__ = name.replace("-", "_")
+        traced.__name__ = traced.__qualname__ = self.name.replace("-", "_")
         # Donation (TPU/GPU only: on CPU a donated input would alias users' memory): inputs the
         # graph overwrites, whose old device value nothing reads after the call.
-        self._jitted = jax.jit(
-            traced, static_argnums=self._static, donate_argnums=tuple(i + 1 for i in donate)
+        return jax.jit(
+            traced,
+            static_argnums=self._static,
+            donate_argnums=tuple(i + 1 for i in self.donated),
         )
+
+    def release(self) -> None:
+        """Drop every compiled executable (rebuilt on next use, reason "evicted earlier")."""
+        with self._lock:
+            self.entries.clear()
+            self._jitted = self._jit()
 
     def get(self, signature: tuple, seed, arrays: list, statics: list):
         """The executable for ``signature``, compiling it on first use."""
@@ -352,8 +367,18 @@ class CompiledGraph:
         return self(list(args))
 
     def release_caches(self) -> None:
-        """Drop device arrays this graph caches for reuse (zero tangents); rebuilt on demand."""
+        """Drop what this graph caches for reuse: device arrays (zero tangents) and its compiled
+        executables; each is rebuilt on demand if the graph runs again.
+
+        ``torch._dynamo.reset()`` calls this for every graph (``backend._on_dynamo_reset``):
+        Dynamo's leftover ``__compiled_fn_*`` globals keep graphs alive after its reset, and an
+        XLA:CPU executable holds ~35 memory maps of JIT code. Kept, they reached Linux's
+        65,530-map limit in one pytest process and XLA segfaulted in its next compile (the
+        default test run, 3,000+ graphs).
+        """
         self._zeros.clear()
+        self._static_exe = None
+        self.exes.release()
 
     def _input(self, i: int, t, private: bool = False):
         """Graph input ``i`` as an array the executable takes (see the class docstring);

@@ -114,7 +114,7 @@ class TargetGraph:
                 kind = "other"
             shape = spec.sharding.shard_shape(spec.shape) if spec.shape else spec.shape
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-            values.append(programs.Value(id(t), kind, nbytes))
+            values.append(programs.Value(programs.tensor_key(t), kind, nbytes))
         return values
 
     def _compile(self, signature, specs: list, statics: list, values=()) -> programs.Program:
