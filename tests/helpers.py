@@ -147,3 +147,21 @@ def kept_llama():
     step = torch.compile(opt.step, backend="tpu")
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(4))
     return ref, ref_opt, dev, opt, cm, step, ids
+
+
+def lm_train_step(model, opt, clip: float | None = None, **model_kwargs):
+    """The step a causal LM trains with, as users write it for ``compile_step``: loss on
+    ``ids`` as labels, ``backward``, ``clip_grad_norm_`` to ``clip`` if given, ``opt.step()``,
+    ``opt.zero_grad()``; returns the loss (compile_step detaches it). ``model_kwargs`` go to
+    the model (``use_cache=False``)."""
+
+    def train_step(ids):
+        loss = model(input_ids=ids, labels=ids, **model_kwargs).loss
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return train_step

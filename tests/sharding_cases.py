@@ -15,7 +15,7 @@ import torch
 from jax.sharding import PartitionSpec as P
 
 import tpu_inductor
-from tests.helpers import tiny_llama
+from tests.helpers import lm_train_step, tiny_llama
 
 pytestmark = pytest.mark.skipif(
     len(jax.devices()) < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8"
@@ -188,21 +188,11 @@ def test_fsdp_scan_layers_step_matches_eager(caplog):
     opt_c = torch.optim.AdamW(comp.parameters(), lr=1e-2)
     ids = torch.randint(1, 128, (8, 16), generator=torch.Generator().manual_seed(0))
 
-    def step_of(model, opt):
-        def train_step(ids):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-
-        return train_step
-
     options = {"mesh": mesh, "shardings": "fsdp", "scan_layers": True}
     caplog.set_level("INFO", logger="tpu_inductor.lowering.scan_layers")
-    step = tpu_inductor.compile_step(step_of(comp, opt_c), opt_c, options=options)
+    step = tpu_inductor.compile_step(lm_train_step(comp, opt_c), opt_c, options=options)
     for s in range(3):
-        want = step_of(eager, opt_e)(ids)
+        want = lm_train_step(eager, opt_e)(ids)
         got = step(ids)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {s} loss")
     for name, pe in eager.named_parameters():

@@ -14,6 +14,7 @@ from torch import nn
 
 import tpu_inductor
 from benchmarks.scan_layers import llama
+from tests.helpers import lm_train_step
 from tpu_inductor.core.dtypes import tolerance
 
 transformers = pytest.importorskip("transformers")
@@ -104,14 +105,7 @@ def _step_run(options, layers=4, steps=2, clip=None, **adamw):
     model = _llama(layers).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3, **adamw)
 
-    def train_step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
+    train_step = lm_train_step(model, opt, clip)
 
     if options is not None:
         train_step = tpu_inductor.compile_step(train_step, opt, options=options)

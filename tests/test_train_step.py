@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import tpu_inductor
-from tests.helpers import tiny_llama
+from tests.helpers import lm_train_step, tiny_llama
 from tpu_inductor.core.dtypes import tolerance
 from tpu_inductor.runtime import cache
 
@@ -213,13 +213,7 @@ def test_checkpointed_llama_step_is_one_program_with_eager_numbers(choice):
     )
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2))
 
-    def train_step(ids):
-        loss = model_c(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        opt_c.step()
-        opt_c.zero_grad()
-        return loss.detach()
-
+    train_step = lm_train_step(model_c, opt_c, use_cache=False)
     step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
     for i in range(2):
         # transformers' `kernels` layers set a context variable in each block's forward, which

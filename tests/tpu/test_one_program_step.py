@@ -9,7 +9,7 @@ import json
 import torch
 
 import tpu_inductor
-from tests.helpers import tiny_llama
+from tests.helpers import lm_train_step, tiny_llama
 
 
 def test_compile_step_is_one_program_with_donated_state():
@@ -17,14 +17,9 @@ def test_compile_step_is_one_program_with_donated_state():
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(model.parameters())
 
-    def train_step(ids):
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
-    step = tpu_inductor.compile_step(train_step, opt, options={"target": "v5e"}, fullgraph=True)
+    step = tpu_inductor.compile_step(
+        lm_train_step(model, opt), opt, options={"target": "v5e"}, fullgraph=True
+    )
     step(ids)  # compiles the program that also creates the optimizer state
     step(ids)  # the steady state
     report = tpu_inductor.tpu_report(print_table=False)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tpu_inductor
-from tests.helpers import tiny_llama
+from tests.helpers import lm_train_step, tiny_llama
 from tpu_inductor.core.errors import TargetCompileError
 from tpu_inductor.tpu import programs
 
@@ -34,12 +34,7 @@ def _compile_step(meta: bool, target: str, plan: str | None):
         ids = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(model.parameters())
 
-    def train_step(ids):
-        loss = model(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
+    train_step = lm_train_step(model, opt, use_cache=False)
 
     options = {"target": target}
     if plan:

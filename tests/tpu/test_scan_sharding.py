@@ -14,7 +14,7 @@ import re
 import torch
 
 import tpu_inductor
-from tests.helpers import tiny_llama
+from tests.helpers import lm_train_step, tiny_llama
 from tpu_inductor.tpu import programs
 
 TARGET = "v5e:2x2"
@@ -30,12 +30,7 @@ def _step(scan: bool) -> programs.Program:
     opt = torch.optim.AdamW(model.parameters())
     ids = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(0))
 
-    def train_step(ids):
-        loss = model(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
+    train_step = lm_train_step(model, opt, use_cache=False)
 
     train_step(ids)  # eagerly: the AdamW state exists, so one (steady) program compiles
     mesh = tpu_inductor.tpu_target(TARGET).mesh(("data",))
