@@ -52,9 +52,14 @@ def split_step(M, spec, target, params, state, inputs, param_bytes: int, variant
     state_shapes = collections.Counter((tuple(sh), str(np.dtype(dt))) for sh, dt in held)
     state_bytes = 3 * param_bytes
     for name, jitted, args in steps:
-        compiled, cpu_s, wall_s = compile_jitted(jitted, args)
+        compiled, cpu_s, wall_s, spaces = compile_jitted(jitted, args)
         cpu += cpu_s
-        program = {"name": name, "kind": name, **analyze(compiled), "compile_wall_s": wall_s}
+        program = {
+            "name": name,
+            "kind": name,
+            **analyze(compiled, spaces),
+            "compile_wall_s": wall_s,
+        }
         given = [(s.shape, s.dtype) for s in jax.tree.leaves(args)]
         program["outside_state"] = max(0, state_bytes - _state_in(given, state_shapes))
         programs.append(program)

@@ -55,9 +55,11 @@ def hlo_summary(text: str) -> dict[str, Any]:
 SAVE_HLO: Path | None = None  # --save-hlo: write each program's optimized HLO there
 
 
-def analyze(compiled) -> dict:
+def analyze(compiled, spaces: dict | None = None) -> dict:
     """XLA's figures for one compiled program (the hand-written ones; ours come from
-    ``tpu_inductor.tpu.programs``, which reads the same analyses)."""
+    ``tpu_inductor.tpu.programs``, which reads the same analyses). ``spaces``: its bytes per
+    memory space (``compile_jitted``): the HBM peak is then the buffer assignment's HBM plus
+    code, as ``Program.peak_bytes`` counts it."""
     text = compiled.as_text()
     if SAVE_HLO is not None:
         SAVE_HLO.mkdir(parents=True, exist_ok=True)
@@ -68,27 +70,33 @@ def analyze(compiled) -> dict:
     mem = compiled.memory_analysis()
     args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
     alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
+    code = mem.generated_code_size_in_bytes
+    hbm = (spaces or {}).get("default", 0)
     summary = hlo_summary(text)
     return {
         "bytes": float(cost.get("bytes accessed", 0.0)),
         "flops": float(cost.get("flops", 0.0)),
         # as tpu_inductor.tpu.programs.Program.peak_bytes counts it
-        "hbm_peak": int(args + outs - alias + temp + mem.generated_code_size_in_bytes),
+        "hbm_peak": int(hbm + code if hbm else args + outs - alias + temp + code),
         "arguments": int(args),
         "outputs": int(outs),
         "aliased": int(alias),
-        "temp": int(temp),
+        "temp": int(max(0, hbm - args - (outs - alias)) if hbm else temp),
+        "vmem": int((spaces or {}).get("vmem", 0)),
         "copies": summary["ops"].get("copy", 0),
         "copy_bytes": summary["copy_bytes"],
         "fusions": summary["ops"].get("fusion", 0),
     }
 
 
-def compile_jitted(jitted, args) -> tuple[Any, float, float]:
-    """``jitted.trace(*args).lower().compile()``: (compiled, CPU seconds, wall seconds)."""
+def compile_jitted(jitted, args) -> tuple[Any, float, float, dict]:
+    """``jitted.trace(*args).lower().compile()``: (compiled, CPU seconds, wall seconds, bytes
+    per memory space from its buffer assignment)."""
+    from tpu_inductor.tpu.programs import compile_measured
+
     c0, w0 = time.process_time(), time.perf_counter()
-    compiled = jitted.trace(*args).lower().compile()
-    return compiled, time.process_time() - c0, time.perf_counter() - w0
+    compiled, spaces = compile_measured(jitted.trace(*args).lower())
+    return compiled, time.process_time() - c0, time.perf_counter() - w0, spaces
 
 
 def _state_in(inputs: list, state_shapes) -> int:

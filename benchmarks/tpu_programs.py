@@ -19,8 +19,9 @@ and batches: ``benchmarks/tpu_workloads.py``), two ways, and reads XLA's own ana
   step is (loss and gradients, then AdamW; or forward, backward, AdamW): what a split costs.
 
 Per program and per step (summed over its programs): XLA's "bytes accessed" and FLOPs
-(``cost_analysis``); the HBM peak (``memory_analysis``: arguments + outputs - aliased +
-temporaries + code, plus, for a step split into programs, the parameters and optimizer state
+(``cost_analysis``); the HBM peak (XLA's buffer assignment's HBM bytes, i.e. arguments +
+outputs - aliased + temporaries, plus code: ``tpu_inductor.tpu.programs.compile_measured``;
+plus, for a step split into programs, the parameters and optimizer state
 that stay on the chip beside a program without being its arguments); the compile's CPU seconds
 (hand: tracing, lowering and the TPU compile; ours: everything from the user's call: Dynamo,
 AOTAutograd, our lowering and the TPU compile); the optimized HLO's top-level copies. Ratios are
@@ -121,9 +122,9 @@ def run_hand(workload: str, small: bool, target: Target, variant: str = "1prog")
         M, sizes = spec(parse_workload(workload)[0], small)
         params, state, *inputs = args
         return split_step(M, sizes, target, params, state, tuple(inputs), int(param_bytes), variant)
-    compiled, cpu_s, wall_s = compile_jitted(jitted, args)
+    compiled, cpu_s, wall_s, spaces = compile_jitted(jitted, args)
     kind = parse_workload(workload)[1]
-    program = {"name": name, "kind": kind, **analyze(compiled), "compile_wall_s": wall_s}
+    program = {"name": name, "kind": kind, **analyze(compiled, spaces), "compile_wall_s": wall_s}
     program["outside_state"] = 0
     # Tracing, lowering and the TPU compile: what a JAX user waits for.
     return {"programs": [program], "param_bytes": int(param_bytes), "compile_cpu_s": cpu_s}
@@ -204,6 +205,7 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
                 "outputs": m["output"],
                 "aliased": m["alias"],
                 "temp": m["temp"],
+                "vmem": m.get("vmem", 0),
                 "compile_wall_s": p.compile_seconds,
                 "copies": summary["ops"].get("copy", 0),
                 "copy_bytes": summary["copy_bytes"],
@@ -578,8 +580,10 @@ def readme_block(
         f"Models: {describe(_measured(data['sizes'], data['rows']), data['batch'])}. "
         "float32 matmuls and convolutions at HIGHEST on both sides. "
         "Bytes and FLOPs are XLA's `cost_analysis` of each program, summed over a step's "
-        "programs; HBM peak is `memory_analysis` (arguments + outputs - donated + temporaries + "
-        "code; for a split step, the largest program's plus the state it leaves on the chip); "
+        "programs; HBM peak is the HBM of XLA's buffer assignment (arguments + outputs - "
+        "donated + temporaries) + code, on-chip VMEM not counted (rows measured before "
+        "2026-12-06 took `memory_analysis`, which counts VMEM for some programs); for a split "
+        "step, the largest program's plus the state it leaves on the chip; "
         "compile is CPU seconds (hand: tracing, lowering and TPU compile; ours: the whole call, "
         "Dynamo, AOTAutograd, lowering and TPU compile). Ratios are ours / hand-written. "
         "`--hand-from` reuses hand-written rows of an earlier run of the same sizes and target.",

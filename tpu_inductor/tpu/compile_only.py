@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from jax.sharding import SingleDeviceSharding
 
-from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.dtypes import JAX_TO_TORCH, to_jax_dtype
 from tpu_inductor.core.shapes import bind, concrete
 from tpu_inductor.runtime.call import Executables, _python_scalar
@@ -124,12 +123,12 @@ class TargetGraph:
             seed = jax.ShapeDtypeStruct((2,), np.uint32, sharding=self._replicated())
         start = time.perf_counter()
         error = compiled = None
-        lowered = None
+        lowered, spaces = None, {}
         with jax.enable_x64(True):
             traced = exes.trace(seed, specs, statics)
             try:  # the TPU lowering's or compiler's refusal is the report's finding
                 lowered = traced.lower()
-                compiled = compile_lowered(lowered, exes.compiler_options)
+                compiled, spaces = programs.compile_measured(lowered, exes.compiler_options)
             except Exception as e:
                 error = e
         seconds = time.perf_counter() - start
@@ -162,6 +161,7 @@ class TargetGraph:
             donated=donated,
             mesh=None if self.plan is None else self.plan.mesh,
             values=values,
+            spaces=spaces,
         )
         return program
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import pathlib
+import re
+import tempfile
 import threading
 import weakref
 
 import jax
 import numpy as np
 
+from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.errors import TargetCompileError
 from tpu_inductor.tpu import hlo
 from tpu_inductor.tpu.targets import Target
@@ -125,12 +129,19 @@ class Program:
 
     @property
     def peak_bytes(self) -> int:
-        """HBM the program needs per device while it runs: its arguments, its outputs that do
-        not reuse a donated argument's buffer, its temporaries and its code, or XLA's own peak
-        (``memory_analysis().peak_memory_in_bytes``) where that is larger."""
+        """HBM the program needs per device while it runs: the bytes its buffer assignment
+        places in HBM (arguments, outputs that do not reuse a donated argument's buffer,
+        temporaries, constants) plus its code.
+
+        Where XLA wrote no buffer assignment (a compile served from a cache), the sum of
+        ``memory_analysis()``'s parts, or its ``peak_memory_in_bytes`` where larger; libtpu's
+        figures count the on-chip VMEM with the HBM (see :func:`compile_measured`).
+        """
         m = self.memory
         if not m:
             return 0
+        if m.get("hbm"):
+            return m["hbm"] + m["code"]
         summed = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
         return max(summed, m.get("peak", 0))
 
@@ -290,8 +301,10 @@ def record(
     donated: list,
     mesh=None,
     values: list | None = None,
+    spaces: dict | None = None,
 ) -> Program:
-    """Describe one compiled (or refused) program and add it to :data:`PROGRAMS`."""
+    """Describe one compiled (or refused) program and add it to :data:`PROGRAMS` (``spaces``:
+    its bytes per memory space, from :func:`compile_measured`)."""
     program = Program(
         name=name,
         graph=graph,
@@ -309,7 +322,7 @@ def record(
         values=list(values or ()),
     )
     if compiled is not None:
-        _describe(program, compiled)
+        _describe(program, compiled, spaces)
         ops = hlo.collectives(program.hlo_text, target.num_devices)
         program.comms = place_collectives(ops, target, mesh)
     with _lock:
@@ -321,7 +334,35 @@ def _nbytes(spec) -> int:
     return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
 
 
-def _describe(program: Program, compiled) -> None:
+_MEMORY_SPACE = re.compile(r"Memory Space: (\S+) \(color=\d+\)\nTotal bytes: (\d+)")
+
+
+def compile_measured(lowered, options: dict | None = None):
+    """``lowered.compile()`` for a TPU target, and the bytes its buffer assignment places in
+    each memory space: ``(compiled, {"default": HBM bytes, "vmem": ..., ...})``, the dict empty
+    where XLA wrote no buffer assignment (a compile served from a cache).
+
+    Why not ``memory_analysis()`` alone: in libtpu 0.0.42.1 its ``peak_memory_in_bytes`` and,
+    for some programs, its ``temp_size_in_bytes`` count the chip's on-chip VMEM as if it were
+    HBM, and for others its temp is 0 while HBM temporaries exist. Measured with
+    ``XLA_FLAGS=--xla_dump_to=DIR``: the README sample's backward (examples/compile_for_tpu.py
+    --readme-sample, v5e) has 162.9 MB in HBM and 105.9 MB in VMEM, XLA's peak says 264.6 MB;
+    the small hand-written ResNet step of benchmarks/tpu_programs.py has 7.6 MB of HBM
+    temporaries and a temp of 0, ours 8.4 MB and a temp of 16.5 MB (VMEM included). The
+    buffer assignment (XLA's memory-usage report, written beside the compile and read here)
+    says which bytes are HBM.
+    """
+    with tempfile.TemporaryDirectory(prefix="tpu_inductor_buffers_") as folder:
+        compiled = compile_lowered(lowered, {**(options or {}), "xla_dump_to": folder})
+        spaces: dict[str, int] = {}
+        for report in pathlib.Path(folder).glob("*memory-usage-report.txt"):
+            found = {k: int(v) for k, v in _MEMORY_SPACE.findall(report.read_text())}
+            if found.get("default", 0) > spaces.get("default", 0):
+                spaces = found
+    return compiled, spaces
+
+
+def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
     mem = compiled.memory_analysis()
     if mem is not None:
         program.memory = {
@@ -332,6 +373,12 @@ def _describe(program: Program, compiled) -> None:
             "code": mem.generated_code_size_in_bytes,
             "peak": getattr(mem, "peak_memory_in_bytes", 0) or 0,
         }
+        hbm = (spaces or {}).get("default", 0)
+        if hbm:  # the buffer assignment's HBM: temporaries are what its arguments and
+            # outputs leave; VMEM is on-chip memory beside it (compile_measured)
+            m = program.memory
+            m["hbm"], m["vmem"], m["xla_temp"] = hbm, spaces.get("vmem", 0), m["temp"]
+            m["temp"] = max(0, hbm - m["argument"] - (m["output"] - m["alias"]))
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older jax: one dict per computation
         cost = cost[0] if cost else {}

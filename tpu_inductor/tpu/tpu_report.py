@@ -120,7 +120,7 @@ class Step:
     @property
     def peak(self) -> tuple[int, Program | None]:
         """``(bytes, program)``: the step's peak HBM per device, the largest over its programs
-        of the program's peak (:attr:`Program.peak_bytes`, XLA's own where larger) plus the
+        of the program's peak (:attr:`Program.peak_bytes`, its HBM and code) plus the
         resident values that are not its arguments, and the program where it is reached."""
         best, where = 0, None
         for p in self.programs:
@@ -298,7 +298,7 @@ def _target_section(progs: list[Program]) -> list[str]:
         f"{c.hbm_bytes_per_s / 1e9:,.0f} GB/s, {c.bf16_flops / 1e12:,.0f} TFLOP/s bf16, ICI "
         f"{c.ici_bytes_per_s / 1e9:,.0f} GB/s)",
         f"  compiled by libtpu {_libtpu_version()} without a TPU: nothing ran. Figures are XLA's"
-        " (memory_analysis, cost_analysis), per device; roofline from the datasheet:",
+        " (buffer assignment, cost_analysis), per device; roofline from the datasheet:",
         f"  {c.source}",
         f"  {UNITS}",
         f"  {'program':<26} {'role':<13} {'dev':>3} {'HBM peak':>10} {'usable':>6} "
@@ -322,9 +322,15 @@ def _target_section(progs: list[Program]) -> list[str]:
             f"{p.compile_seconds:>9.1f}"
         )
     ok = [p for p in progs if p.compiled]
+    exact = all(p.memory.get("hbm") for p in ok)
     notes = [
-        "HBM peak: arguments + outputs not aliased + temporaries + code, or XLA's "
-        "peak_memory_in_bytes where larger; usable: of the HBM a program may use",
+        "HBM peak: arguments + outputs not aliased + temporaries + code, "
+        + (
+            "as XLA's buffer assignment places them in HBM (on-chip VMEM not counted)"
+            if exact
+            else "or XLA's peak_memory_in_bytes where larger (it counts on-chip VMEM too)"
+        )
+        + "; usable: of the HBM a program may use",
         "roofline: max(matmul FLOPs at peak, bytes at HBM bandwidth, collectives at ICI "
         "bandwidth) (they overlap at best); bound: which of the three sets it",
     ]
