@@ -64,12 +64,17 @@ def _maps() -> int:
 
 
 def test_reset_frees_executables():
-    """``torch._dynamo.reset()`` frees our executables although Dynamo's ``__compiled_fn_*``
-    globals (here in this test module) keep the graphs alive. Before, every graph of a pytest
-    process stayed compiled: XLA:CPU's JIT code is ~35 memory maps per executable, and the
-    default test run reached Linux's 65,530-map limit and segfaulted in XLA's next compile
-    (CI, exit 139 at 99%). The graph still runs after the reset, rebuilt on demand."""
+    """``tpu_inductor.reset()`` frees our executables although Dynamo's ``__compiled_fn_*``
+    globals (here in this test module) keep the graphs alive, and so does
+    ``torch._dynamo.reset()`` for those our in-memory cache no longer holds (it keeps the
+    others for an identical graph handed over again: tests/test_runtime.py). Before, every
+    graph of a pytest process stayed compiled: XLA:CPU's JIT code is ~35 memory maps per
+    executable, and the default test run reached Linux's 65,530-map limit and segfaulted in
+    XLA's next compile (CI, exit 139 at 99%). The graphs still run after the reset, rebuilt
+    on demand."""
     import torch
+
+    import tpu_inductor
 
     def make(k):
         def f(x):
@@ -85,6 +90,8 @@ def test_reset_frees_executables():
     held = _live_executables() - before_exes
     assert held >= 12, held  # the count sees the executables it then expects gone
     torch._dynamo.reset()
+    assert _live_executables() - before_exes == held  # cached: kept for reuse
+    tpu_inductor.reset()
     assert _live_executables() - before_exes == 0
     if pathlib.Path("/proc/self/maps").exists():  # Linux: the JIT code maps went with them
         assert _maps() - before_maps < 12 * 35 // 2, (_maps(), before_maps)

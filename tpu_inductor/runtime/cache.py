@@ -98,17 +98,27 @@ def get_or_create(key: str, create: Callable[[], object]) -> object:
         return entry
 
 
+def is_cached(entry: object) -> bool:
+    """Whether ``entry`` (a graph's ``Executables``) is still one of this cache's entries."""
+    with _lock:
+        return any(e is entry for e in _entries.values())
+
+
 def clear() -> None:
-    """Forget every cached executable, the fallback list and the counters.
+    """Forget every cached executable (those live graphs hold too: each compiles again if it
+    runs again), the fallback list and the counters.
 
     Part of ``tpu_inductor.reset()`` (:func:`tpu_inductor.dynamo.backend.reset`, which clears every
     stage's state); the persistent cache on disk is left alone.
     """
     with _lock:
         _entries.clear()
+        graphs = list(COMPILED)
         COMPILED.clear()
         FALLBACK_OPS.clear()
         STATS.reset()
+    for graph in graphs:  # a graph that runs again compiles again (CompiledGraph.release_caches)
+        graph.release_caches()
 
 
 def enable_persistent_cache(path: str) -> None:

@@ -366,19 +366,21 @@ class CompiledGraph:
         AOTAutograd's runtime wrapper (see ``capture.passes_through``)."""
         return self(list(args))
 
-    def release_caches(self) -> None:
-        """Drop what this graph caches for reuse: device arrays (zero tangents) and its compiled
-        executables; each is rebuilt on demand if the graph runs again.
+    def release_caches(self, executables: bool = True) -> None:
+        """Drop what this graph caches for reuse: device arrays (zero tangents) and, with
+        ``executables``, its compiled executables; each is rebuilt on demand if it runs again.
 
-        ``torch._dynamo.reset()`` calls this for every graph (``backend._on_dynamo_reset``):
-        Dynamo's leftover ``__compiled_fn_*`` globals keep graphs alive after its reset, and an
-        XLA:CPU executable holds ~35 memory maps of JIT code. Kept, they reached Linux's
-        65,530-map limit in one pytest process and XLA segfaulted in its next compile (the
-        default test run, 3,000+ graphs).
+        ``torch._dynamo.reset()`` calls this for every graph (``backend._on_dynamo_reset``),
+        with ``executables`` where the in-memory cache no longer holds them (an identical graph
+        handed over again reuses those it holds, up to ``cache.MAX_ENTRIES``): Dynamo's leftover
+        ``__compiled_fn_*`` globals keep graphs alive after its reset, and an XLA:CPU executable
+        holds ~35 memory maps of JIT code. Kept, they reached Linux's 65,530-map limit in one
+        pytest process and XLA segfaulted in its next compile (CI, exit 139).
         """
         self._zeros.clear()
-        self._static_exe = None
-        self.exes.release()
+        if executables:
+            self._static_exe = None
+            self.exes.release()
 
     def _input(self, i: int, t, private: bool = False):
         """Graph input ``i`` as an array the executable takes (see the class docstring);

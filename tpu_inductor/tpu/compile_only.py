@@ -55,7 +55,7 @@ class TargetGraph:
         self._tensor_inputs = frozenset(self.lowered.tensor_inputs)
         self._seen: dict[tuple, programs.Program] = {}
 
-    def release_caches(self) -> None:
+    def release_caches(self, executables: bool = True) -> None:
         """Nothing to drop: a compile-only graph holds no device arrays (``_on_dynamo_reset``)."""
 
     def call_unboxed(self, *args) -> list:
