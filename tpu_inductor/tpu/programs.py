@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import pathlib
 import re
 import tempfile
@@ -349,17 +350,30 @@ def compile_measured(lowered, options: dict | None = None):
     --readme-sample, v5e) has 162.9 MB in HBM and 105.9 MB in VMEM, XLA's peak says 264.6 MB;
     the small hand-written ResNet step of benchmarks/tpu_programs.py has 7.6 MB of HBM
     temporaries and a temp of 0, ours 8.4 MB and a temp of 16.5 MB (VMEM included). The
-    buffer assignment (XLA's memory-usage report, written beside the compile and read here)
-    says which bytes are HBM.
+    buffer assignment (XLA's memory-usage report, written to a temporary folder and read here,
+    or read from the user's own ``--xla_dump_to`` folder, left as it is) says which bytes are
+    HBM.
     """
+    # The user's own XLA_FLAGS=--xla_dump_to=DIR keeps its dumps: read this compile's there.
+    users = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    if users:
+        folder = pathlib.Path(users.group(1))
+        before = set(folder.glob("*memory-usage-report.txt"))
+        compiled = compile_lowered(lowered, options or {})
+        return compiled, _spaces(set(folder.glob("*memory-usage-report.txt")) - before)
     with tempfile.TemporaryDirectory(prefix="tpu_inductor_buffers_") as folder:
         compiled = compile_lowered(lowered, {**(options or {}), "xla_dump_to": folder})
-        spaces: dict[str, int] = {}
-        for report in pathlib.Path(folder).glob("*memory-usage-report.txt"):
-            found = {k: int(v) for k, v in _MEMORY_SPACE.findall(report.read_text())}
-            if found.get("default", 0) > spaces.get("default", 0):
-                spaces = found
-    return compiled, spaces
+        return compiled, _spaces(pathlib.Path(folder).glob("*memory-usage-report.txt"))
+
+
+def _spaces(reports) -> dict[str, int]:
+    """Bytes per memory space of the largest module among XLA's memory-usage ``reports``."""
+    spaces: dict[str, int] = {}
+    for report in reports:
+        found = {k: int(v) for k, v in _MEMORY_SPACE.findall(report.read_text())}
+        if found.get("default", 0) > spaces.get("default", 0):
+            spaces = found
+    return spaces
 
 
 def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
