@@ -60,6 +60,8 @@ def analyze(compiled, spaces: dict | None = None) -> dict:
     ``tpu_inductor.tpu.programs``, which reads the same analyses). ``spaces``: its bytes per
     memory space (``compile_jitted``): the HBM peak is then the buffer assignment's HBM plus
     code, as ``Program.peak_bytes`` counts it."""
+    from tpu_inductor.tpu.programs import memory_of, peak_of
+
     text = compiled.as_text()
     if SAVE_HLO is not None:
         SAVE_HLO.mkdir(parents=True, exist_ok=True)
@@ -67,22 +69,17 @@ def analyze(compiled, spaces: dict | None = None) -> dict:
     cost = compiled.cost_analysis()
     if isinstance(cost, list):  # older jaxlibs: one dict per partition
         cost = cost[0]
-    mem = compiled.memory_analysis()
-    args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
-    alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
-    code = mem.generated_code_size_in_bytes
-    hbm = (spaces or {}).get("default", 0)
+    m = memory_of(compiled, spaces)
     summary = hlo_summary(text)
     return {
         "bytes": float(cost.get("bytes accessed", 0.0)),
         "flops": float(cost.get("flops", 0.0)),
-        # as tpu_inductor.tpu.programs.Program.peak_bytes counts it
-        "hbm_peak": int(hbm + code if hbm else args + outs - alias + temp + code),
-        "arguments": int(args),
-        "outputs": int(outs),
-        "aliased": int(alias),
-        "temp": int(max(0, hbm - args - (outs - alias)) if hbm else temp),
-        "vmem": int((spaces or {}).get("vmem", 0)),
+        "hbm_peak": int(peak_of(m)),  # as Program.peak_bytes counts it
+        "arguments": int(m["argument"]),
+        "outputs": int(m["output"]),
+        "aliased": int(m["alias"]),
+        "temp": int(m["temp"]),
+        "vmem": int(m.get("vmem", 0)),
         "copies": summary["ops"].get("copy", 0),
         "copy_bytes": summary["copy_bytes"],
         "fusions": summary["ops"].get("fusion", 0),

@@ -138,13 +138,7 @@ class Program:
         ``memory_analysis()``'s parts, or its ``peak_memory_in_bytes`` where larger; libtpu's
         figures count the on-chip VMEM with the HBM (see :func:`compile_measured`).
         """
-        m = self.memory
-        if not m:
-            return 0
-        if m.get("hbm"):
-            return m["hbm"] + m["code"]
-        summed = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
-        return max(summed, m.get("peak", 0))
+        return peak_of(self.memory) if self.memory else 0
 
     @property
     def hbm_bytes(self) -> int:
@@ -376,23 +370,40 @@ def _spaces(reports) -> dict[str, int]:
     return spaces
 
 
-def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
+def memory_of(compiled, spaces: dict | None = None) -> dict:
+    """A compiled program's memory per device: ``memory_analysis()``'s ``argument``,
+    ``output``, ``temp``, ``alias``, ``code`` and ``peak``, and with ``spaces`` (from
+    :func:`compile_measured`) the buffer assignment's ``hbm`` and ``vmem``, ``temp`` then
+    being what the arguments and outputs leave of the HBM (XLA's own kept as ``xla_temp``).
+    Empty when XLA gives no analysis."""
     mem = compiled.memory_analysis()
-    if mem is not None:
-        program.memory = {
-            "argument": mem.argument_size_in_bytes,
-            "output": mem.output_size_in_bytes,
-            "temp": mem.temp_size_in_bytes,
-            "alias": mem.alias_size_in_bytes,
-            "code": mem.generated_code_size_in_bytes,
-            "peak": getattr(mem, "peak_memory_in_bytes", 0) or 0,
-        }
-        hbm = (spaces or {}).get("default", 0)
-        if hbm:  # the buffer assignment's HBM: temporaries are what its arguments and
-            # outputs leave; VMEM is on-chip memory beside it (compile_measured)
-            m = program.memory
-            m["hbm"], m["vmem"], m["xla_temp"] = hbm, spaces.get("vmem", 0), m["temp"]
-            m["temp"] = max(0, hbm - m["argument"] - (m["output"] - m["alias"]))
+    if mem is None:
+        return {}
+    m = {
+        "argument": mem.argument_size_in_bytes,
+        "output": mem.output_size_in_bytes,
+        "temp": mem.temp_size_in_bytes,
+        "alias": mem.alias_size_in_bytes,
+        "code": mem.generated_code_size_in_bytes,
+        "peak": getattr(mem, "peak_memory_in_bytes", 0) or 0,
+    }
+    hbm = (spaces or {}).get("default", 0)
+    if hbm:  # VMEM is on-chip memory beside the HBM, not in it (compile_measured)
+        m["hbm"], m["vmem"], m["xla_temp"] = hbm, spaces.get("vmem", 0), m["temp"]
+        m["temp"] = max(0, hbm - m["argument"] - (m["output"] - m["alias"]))
+    return m
+
+
+def peak_of(m: dict) -> int:
+    """HBM peak per device of a :func:`memory_of` dict (see :attr:`Program.peak_bytes`)."""
+    if m.get("hbm"):
+        return m["hbm"] + m["code"]
+    summed = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
+    return max(summed, m.get("peak", 0))
+
+
+def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
+    program.memory = memory_of(compiled, spaces)
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older jax: one dict per computation
         cost = cost[0] if cost else {}
