@@ -264,3 +264,90 @@ def test_an_update_scan_writes_its_new_values_into_the_input_stacks():
     (scan,) = [e for e in jax.make_jaxpr(lambda xs: group._scan(body, (), xs))(xs).eqns]
     # the loop's outputs: the index and the stack it wrote into (carries), no stacked ys
     assert scan.primitive.name == "scan" and len(scan.outvars) == scan.params["num_carry"] == 2
+
+
+def test_stacked_state_crosses_once_per_kind_and_stays_stacked(monkeypatch):
+    """With scan_layers the per-layer parameters and AdamW moments cross as one stacked array
+    per kind (lowering/packing.py): the program's inputs do not grow with depth, the steady step
+    passes back the stacks the last step returned (nothing is stacked again), the host copies
+    are eager's after every step, and an eager in-place edit of one parameter between steps is
+    seen (its stack is rebuilt)."""
+    from tpu_inductor.runtime import call
+    from tpu_inductor.runtime.cache import COMPILED
+
+    stacked = []
+    real = call.stack_arrays
+    monkeypatch.setattr(call, "stack_arrays", lambda *a: stacked.append(1) or real(*a))
+
+    def run(options, layers, steps=4):
+        torch._dynamo.reset()
+        model = _llama(layers).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+        step = lm_train_step(model, opt)
+        if options is not None:
+            step = tpu_inductor.compile_step(step, opt, options=options)
+        per_step, losses = [], []
+        for i in range(steps):
+            stacked.clear()
+            if i == 2:  # an eager edit of one layer's weight between steps
+                with torch.no_grad():
+                    model.model.layers[1].mlp.up_proj.weight.mul_(0.5)
+            losses.append(step(_ids()))
+            per_step.append(len(stacked))
+        params = [p.detach().clone() for p in model.parameters()]
+        moments = [opt.state[p][k] for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")]
+        return per_step, (losses, params, moments)
+
+    _, eager = run(None, 3)
+    before = set(map(id, COMPILED))
+    per_step, scanned = run(SCAN, 3)
+    _same(scanned[0], eager[0])
+    _same(scanned[1], eager[1])
+    _same(scanned[2], eager[2])
+    # 9 weight kinds: the first (state-creating) program stacks the parameters; the steady
+    # program's first call stacks the AdamW state the first program made as separate arrays
+    # (step, exp_avg, exp_avg_sq: 3 x 9; the parameters come stacked); then nothing, except the
+    # edited weight's kind after the edit (one stack).
+    assert per_step == [9, 27, 1, 0]
+
+    def steady_of(graphs):  # the program that takes the AdamW state (COMPILED is unordered)
+        return max((c.exes for c in graphs if id(c) not in before), key=lambda e: len(e._slots))
+
+    steady = steady_of(COMPILED)
+    slots = [len(s) for s in steady._slots]
+    # per kind: the parameters, step, exp_avg, exp_avg_sq
+    assert slots.count(3) == 36 and max(slots) == 3
+    # the inputs do not grow with depth
+    before = set(map(id, COMPILED))
+    run(SCAN, 5, steps=2)
+    deeper = steady_of(COMPILED)
+    assert len(deeper._slots) == len(steady._slots) and max(len(s) for s in deeper._slots) == 5
+
+
+def test_stacked_state_with_keep_on_device_matches_eager():
+    """keep_on_device + compile_step + scan_layers: the new parameters and moments stay layers
+    of the program's stacks (no host copy per step, ``device_owned``), are read back per tensor
+    with eager's values, and an eager read of one layer's weight between steps syncs just it."""
+    from tpu_inductor.runtime import device_owned
+
+    def run(compiled: bool, steps=3):
+        torch._dynamo.reset()
+        model = _llama(3).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+        step = lm_train_step(model, opt)
+        if compiled:
+            tpu_inductor.keep_on_device(model, opt)
+            step = tpu_inductor.compile_step(step, opt, options=SCAN)
+        losses, peeks = [], []
+        for _ in range(steps):
+            losses.append(float(step(_ids())))
+            if compiled:  # the stacked results are pending on the device, not copied back
+                assert device_owned.pending_bytes() > 0
+            peeks.append(model.model.layers[1].mlp.up_proj.weight.sum().item())
+        params = [p.detach().clone() for p in model.parameters()]
+        moments = [opt.state[p][k].clone() for p in model.parameters() for k in ("exp_avg",)]
+        return [torch.tensor(losses)], [torch.tensor(peeks)], params, moments
+
+    eager, scanned = run(False), run(True)
+    for got, want in zip(scanned, eager, strict=True):
+        _same(got, want)

@@ -9,8 +9,10 @@ dimension (all-to-alls between the layers) instead of the fsdp layout the unroll
 
 from __future__ import annotations
 
+import math
 import re
 
+import jax.numpy as jnp
 import torch
 
 import tpu_inductor
@@ -22,11 +24,11 @@ LAYERS = 3
 HIDDEN = 128
 
 
-def _step(scan: bool) -> programs.Program:
+def _step(scan: bool, layers: int = LAYERS) -> programs.Program:
     """compile_step of an AdamW step (its state made by one eager step first), compiled once."""
     tpu_inductor.reset()
     torch._dynamo.reset()
-    model = tiny_llama(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS)
+    model = tiny_llama(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=layers)
     opt = torch.optim.AdamW(model.parameters())
     ids = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(0))
 
@@ -64,3 +66,20 @@ def test_scanned_fsdp_step_keeps_the_plan():
     # issue 28's goal for scan_layers: HBM bytes and peak within 1.1x of the unrolled step's
     assert scanned.bytes_accessed <= 1.1 * unrolled.bytes_accessed
     assert scanned.peak_bytes <= 1.1 * unrolled.peak_bytes
+
+
+def test_scanned_step_arguments_do_not_grow_with_depth():
+    """Each kind of per-layer state (weight, AdamW step, exp_avg, exp_avg_sq) is one stacked
+    argument of the program and its new values one stacked result (lowering/packing.py), kept
+    in the per-layer placement under the layer axis: per-layer arguments and results were what
+    grew the TPU compile with depth (5,718 entry instructions at 32 layers, 7.5 s; 1.4 s
+    stacked: python -m benchmarks.scan_layers --mode step --layers 4 32 --target v5e)."""
+    shallow, deep = _step(True, LAYERS), _step(True, LAYERS + 2)
+    assert len(deep.inputs) == len(shallow.inputs)
+    assert len(deep.out_info) == len(shallow.out_info)
+    stacks = [(shape, dtype) for shape, dtype in deep.inputs if shape[:1] == (LAYERS + 2,)]
+    assert len(stacks) >= 4 * 9, deep.inputs  # 9 weight kinds in a block, each with 3 states
+    # the stacked new values are donated with the stacks they replace (bytes per chip: fsdp
+    # shards the weights and moments over the 4 chips)
+    total = sum(math.prod(shape) * jnp.dtype(dtype).itemsize for shape, dtype in stacks)
+    assert deep.donated_bytes >= total // 4

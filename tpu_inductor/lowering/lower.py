@@ -37,6 +37,7 @@ from tpu_inductor.core.shapes import bind, concrete_shape, graph_is_dynamic, siz
 from tpu_inductor.core.sources import provenance, user_frame
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
 from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
+from tpu_inductor.lowering.packing import packed_fn, plan_packing
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
 PYTHON_OPS: dict[Any, Callable] = {
@@ -156,6 +157,9 @@ class LoweredGraph:
         layouts: per input binding (:meth:`binding_key`), each view output's concrete
             ``(size, stride, storage_offset)``, recorded while tracing (``None`` when it is not
             known then).
+        packing: with ``scan_layers``, how per-layer inputs and their new values cross as
+            stacks (:mod:`tpu_inductor.lowering.packing`): the executable is :attr:`packed`,
+            not ``fn``; ``None`` when nothing is stacked.
     """
 
     fn: Callable
@@ -172,6 +176,15 @@ class LoweredGraph:
     host_sizes: bool = False
     view_outputs: frozenset[int] = frozenset()
     layouts: dict = dataclasses.field(default_factory=dict)
+    packing: Any = None
+
+    @property
+    def packed(self) -> Callable:
+        """The function an executable compiles: ``fn``, or ``fn`` with :attr:`packing`'s
+        calling convention."""
+        if self.packing is None:
+            return self.fn
+        return packed_fn(self.fn, self.packing, len(self.input_metas))
 
     def binding_key(self, inputs) -> tuple:
         """The input-size bindings of a call (graph inputs in order: tensors or arrays, and
@@ -419,7 +432,7 @@ def lower_graph(
         )
     inside = {n for g in groups.values() for n in g.nodes}
 
-    def fn(seed, *inputs):
+    def fn(seed, *inputs, stacks: dict | None = None):
         env: dict[fx.Node, Any] = {}
         input_ids = set()
         for node, value in zip(placeholders, inputs, strict=True):
@@ -489,7 +502,9 @@ def lower_graph(
                 _check_meta(node, value, bindings)
             return value
 
-        stacks: dict = {}  # scan_layers: values sliced out of a scan's stacked outputs
+        # scan_layers: values sliced out of a stacked array (a scan's outputs, or a stacked input:
+        # packing.py), so a scan reading them all takes that array
+        stacks = {} if stacks is None else stacks
         if groups:  # and the placements of the inputs it stacks (a sharding plan's)
             from tpu_inductor.lowering.scan_layers import Placements
 
@@ -520,6 +535,9 @@ def lower_graph(
         return tuple(outs)
 
     ops = collections.Counter(str(n.target) for n in nodes if n.op == "call_function")
+    packing = None
+    if groups:
+        packing = plan_packing(groups, placeholders, mutations, len(computed) + len(extra))
     return LoweredGraph(
         fn,
         tensor_inputs,
@@ -535,6 +553,7 @@ def lower_graph(
         host_sizes,
         view_outputs,
         layouts,
+        packing,
     )
 
 

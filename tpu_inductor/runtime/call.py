@@ -38,6 +38,7 @@ from tpu_inductor.runtime import cache, device_owned
 from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.runtime.residency import (
     VALUES,
+    StackSlice,
     device_zeros,
     is_all_zeros,
     saved_handle,
@@ -113,9 +114,17 @@ class Executables:
         self.input_names: list | None = None  # the user's names of the graph's inputs
         self.hinted = False  # a recompile hint was said for this graph (hints.py)
         self._lock = threading.Lock()
-        n = len(lowered.input_metas)
-        self._static = tuple(i + 1 for i in range(n) if i not in set(lowered.tensor_inputs))
-        self._tensor_pos = lowered.tensor_inputs
+        # The executable's inputs: the graph's, or with stacked state (lowering/packing.py) one
+        # per packed slot (a stack stands for its members). Positions below are slots.
+        packing = lowered.packing
+        tensors = set(lowered.tensor_inputs)
+        slots = packing.slots if packing else tuple((i,) for i in range(len(lowered.input_metas)))
+        self._slots = slots
+        self._static = tuple(s + 1 for s, slot in enumerate(slots) if slot[0] not in tensors)
+        self._tensor_pos = tuple(s for s, slot in enumerate(slots) if slot[0] in tensors)
+        self._donated_slots = tuple(
+            s for s, slot in enumerate(slots) if all(p in self.donated for p in slot)
+        )
 
         self._jitted = self._jit()
 
@@ -124,9 +133,11 @@ class Executables:
         executables are keyed weakly on it, so dropping it frees them: ``release``)."""
         lowered = self.lowered
 
+        fn = lowered.packed
+
         def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
-            outs = lowered.fn(seed, *inputs)
+            outs = fn(seed, *inputs)
             if self._constraints:
                 outs = list(outs)
                 for j, where in self._constraints.items():
@@ -139,8 +150,26 @@ class Executables:
         return jax.jit(
             traced,
             static_argnums=self._static,
-            donate_argnums=tuple(i + 1 for i in self.donated),
+            donate_argnums=tuple(s + 1 for s in self._donated_slots),
         )
+
+    def pack(self, values: list, stack) -> list:
+        """Per tensor input -> per tensor slot: the executable's calling convention
+        (``stack(members)`` makes a stacked slot's array); unchanged without stacked state."""
+        if self.lowered.packing is None:
+            return values
+        at = dict(zip(self.lowered.tensor_inputs, values, strict=True))
+        return [
+            at[slot[0]] if len(slot) == 1 else stack([at[p] for p in slot])
+            for slot in (self._slots[s] for s in self._tensor_pos)
+        ]
+
+    def unpack(self, outs, part) -> list:
+        """The executable's results -> ``LoweredGraph.fn``'s (``part(stack, k)`` for member
+        ``k`` of a stacked result); unchanged without stacked state."""
+        if self.lowered.packing is None:
+            return outs
+        return self.lowered.packing.unpack(outs, part)
 
     def release(self) -> None:
         """Drop every compiled executable (rebuilt on next use, reason "evicted earlier")."""
@@ -184,7 +213,7 @@ class Executables:
     def trace(self, seed, arrays: list, statics: list):
         """``jax.jit(fn).trace`` at one signature: ``arrays`` (arrays, or ``ShapeDtypeStruct``s
         when compiling for a target) for the tensor inputs, ``statics`` for the rest."""
-        args = [None] * len(self.lowered.input_metas)
+        args = [None] * len(self._slots)
         for pos, a in zip(self._tensor_pos, arrays, strict=True):
             args[pos] = a
         it = iter(statics)
@@ -192,16 +221,29 @@ class Executables:
             if i not in self._tensor_pos:
                 args[i] = next(it)
         if self.plan is not None:  # updated inputs keep their placement (sharding.py)
-            self._constraints = {
-                m.value_index: args[m.input_index].sharding
-                for m in self.lowered.mutations
-                if isinstance(args[m.input_index], jax.Array | jax.ShapeDtypeStruct)
-            }
+            packing = self.lowered.packing
+            slot_of = packing.slot_of() if packing else {i: i for i in range(len(args))}
+            result_of = packing.result_of() if packing else None
+            self._constraints = {}
+            for m in self.lowered.mutations:
+                a = args[slot_of[m.input_index]]
+                if isinstance(a, jax.Array | jax.ShapeDtypeStruct):
+                    r = m.value_index if result_of is None else result_of[m.value_index]
+                    self._constraints[r] = a.sharding
             # scan_layers' stacked per-layer weights and state keep their layers' placement
             from tpu_inductor.lowering.scan_layers import input_shardings
 
+            per_input = [None] * len(self.lowered.input_metas)
+            for slot, a in zip(self._slots, args, strict=True):
+                where = getattr(a, "sharding", None)
+                if len(slot) > 1 and isinstance(where, jax.sharding.NamedSharding):
+                    where = jax.sharding.NamedSharding(
+                        where.mesh, jax.sharding.PartitionSpec(*tuple(where.spec)[1:])
+                    )
+                for p in slot:
+                    per_input[p] = where
             batch = jax.sharding.NamedSharding(self.plan.mesh, self.plan.inputs)
-            with input_shardings([getattr(a, "sharding", None) for a in args], batch):
+            with input_shardings(per_input, batch):
                 return self._jitted.trace(seed, *args)
         return self._jitted.trace(seed, *args)
 
@@ -411,6 +453,42 @@ class CompiledGraph:
             private=private,
         )
 
+    def _packed_inputs(self, args: list, get) -> tuple[list, list]:
+        """The executable's arrays and static values for a graph with stacked state: a stack
+        slot takes the stacked array the members' current values are layers of (what the last
+        call returned: nothing is stacked), else their values stacked on the device."""
+        exes = self.exes
+        tensor_slots = frozenset(exes._tensor_pos)
+        arrays, statics = [], []
+        for s, slot in enumerate(exes._slots):
+            if s not in tensor_slots:
+                statics.append(_python_scalar(args[slot[0]]))
+                continue
+            if len(slot) == 1:
+                arrays.append(get(slot[0], args[slot[0]]))
+                continue
+            members = [args[p] for p in slot]
+            inner = [m._inner if type(m) is DeviceTensor else m for m in members]
+            pairs = zip(slot, inner, strict=True)
+            bumped = [p in self._bumped and not is_owned(m) for p, m in pairs]
+            stack = VALUES.stack_of(inner, bumped) if not self._backward else None
+            if stack is None:
+                parts = [get(p, m) for p, m in zip(slot, members, strict=True)]
+                stack = stack_arrays(parts, self.device if self.plan is None else None)
+            arrays.append(stack)
+        return arrays, statics
+
+    def _executable(self, seed, arrays: list, statics: list):
+        """The executable for this call's signature (compiled on first use); kept as the only
+        one when the graph can have no other."""
+        signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
+        if self.plan is not None:
+            signature += (tuple(getattr(x, "sharding", None) for x in arrays),)
+        exe = self.exes.get(signature, seed, arrays, statics)
+        if self._one_signature:
+            self._static_exe = exe
+        return exe
+
     def _output(self, arr) -> torch.Tensor | None:
         return output_to_host(arr, self.transfers)
 
@@ -427,7 +505,14 @@ class CompiledGraph:
             # A lazy call returns before the executable has run: it must not read host memory
             # that eager code may change meanwhile (see device_input's ``private``).
             get = functools.partial(self._input, private=True) if lazy else self._input
-            if exe is not None:
+            if self.lowered.packing is not None:  # stacked state (lowering/packing.py)
+                arrays, statics = self._packed_inputs(args, get)
+                args.clear()
+                if exe is None:
+                    exe = self._executable(seed, arrays, statics)
+                else:
+                    self.exes.hits += 1
+            elif exe is not None:
                 if self._lookup_first:  # parameters first: their device copies, one call each
                     lookup = VALUES.lookup
                     arrays = []
@@ -451,12 +536,7 @@ class CompiledGraph:
                     else:
                         statics.append(_python_scalar(a))
                 args.clear()
-                signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
-                if self.plan is not None:
-                    signature += (tuple(getattr(x, "sharding", None) for x in arrays),)
-                exe = self.exes.get(signature, seed, arrays, statics)
-                if self._one_signature:
-                    self._static_exe = exe
+                exe = self._executable(seed, arrays, statics)
             try:
                 if self._needs_default_device:
                     with jax.default_device(self.device):
@@ -467,6 +547,7 @@ class CompiledGraph:
                 raise_failed_assert(e)
                 raise
             del arrays
+            outs = self.exes.unpack(outs, StackSlice)
             layouts = self.lowered.layouts.get(view_key) if self._views else None
             if lazy:
                 result = self._assemble(outs, inputs, lazy=True, layouts=layouts)
@@ -526,11 +607,20 @@ class CompiledGraph:
         """Host copies of the inputs the graph updated in place; their new device values are
         recorded as current, so the next graph reading them sends nothing. With ``lazy``,
         device-owned inputs get no host copy: it is made when they are read."""
+        hosts: dict = {}  # a stacked result's host copy, made once for all its members
         with torch.no_grad():
             for m in self.lowered.mutations:
                 t, new = inputs[m.input_index], outs[m.value_index]
                 if lazy and is_owned(t):
                     mark_pending(t, new)
+                    VALUES.record(t, new)
+                    continue
+                if isinstance(new, StackSlice):
+                    host = hosts.get(id(new.stack))
+                    if host is None:
+                        host = hosts[id(new.stack)] = jax_to_host(new.stack)[0]
+                        self.transfers.add(D2H, "write-back", new.stack.nbytes)
+                    t.copy_(host[new.index])
                     VALUES.record(t, new)
                     continue
                 delta = m.delta
@@ -605,6 +695,30 @@ def device_input(
         return arr
     counter.add(H2D, "input", nbytes(t))
     return tensor_to_host(t)
+
+
+def stacked_sharding(sharding):
+    """The sharding of a stack of arrays placed as ``sharding`` (layers unsharded)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = jax.sharding.PartitionSpec(None, *tuple(sharding.spec))
+        return jax.sharding.NamedSharding(sharding.mesh, spec)
+    return sharding
+
+
+@functools.lru_cache(maxsize=64)
+def _stacker(n: int, sharding) -> object:
+    return jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=sharding)
+
+
+def stack_arrays(parts: list, device: jax.Device | None = None) -> jax.Array:
+    """``parts`` (device arrays, or host arrays that cross now) stacked on the device: on
+    ``device``, or under a sharding plan (``device=None``) each layer placed as ``parts[0]``.
+    One device copy of the members (what the program's own ``jnp.stack`` did before)."""
+    if device is not None:
+        sharding = jax.sharding.SingleDeviceSharding(device)
+    else:
+        sharding = stacked_sharding(parts[0].sharding)
+    return _stacker(len(parts), sharding)(*parts)
 
 
 def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tensor | None:

@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tpu_inductor.core.boundary import _BITCAST, jax_to_host
 from tpu_inductor.core.transfers import D2H, TOTAL
-from tpu_inductor.runtime.residency import VALUES
+from tpu_inductor.runtime.residency import VALUES, StackSlice
 
 OWNED = "_tpu_inductor_owned"
 
@@ -100,8 +100,9 @@ def pending_array_ids() -> set[int]:
     return {id(arr) for _, arr in list(_PENDING.values())}
 
 
-def mark_pending(inner: torch.Tensor, arr: jax.Array, owner: np.ndarray | None = None) -> None:
-    """``arr`` is ``inner``'s current value; its host storage is filled when first read.
+def mark_pending(inner: torch.Tensor, arr, owner: np.ndarray | None = None) -> None:
+    """``arr`` (an array or a ``StackSlice``) is ``inner``'s current value; its host storage is
+    filled when first read.
 
     ``owner``: the numpy array that holds ``inner``'s storage (a lazy output's), written
     directly; else ``inner`` itself is written, and the entry lives while ``inner`` does.
@@ -136,6 +137,8 @@ def sync(inner: torch.Tensor) -> None:
     target, arr = e[0](), e[1]
     if target is None:
         return
+    if isinstance(arr, StackSlice):
+        arr = arr.array()
     values = np.asarray(arr)
     if isinstance(target, np.ndarray):
         np.copyto(target, values.view(target.dtype))

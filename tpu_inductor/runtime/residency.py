@@ -37,6 +37,38 @@ from tpu_inductor.runtime.sharding import resident_bytes_per_device
 _SAVED = "_tpu_inductor_saved"
 
 
+class StackSlice:
+    """Layer ``index`` of a stacked device array: the device value of one member of stacked
+    state (``lowering/packing.py``), which becomes an array of its own only when something
+    reads that member alone (:meth:`array`: one slice on the device). The stack itself is what
+    the next call of the graph that made it takes (:meth:`DeviceValues.stack_of`)."""
+
+    __slots__ = ("stack", "index", "_array")
+
+    def __init__(self, stack: jax.Array, index: int):
+        self.stack = stack
+        self.index = index
+        self._array = None
+
+    def array(self) -> jax.Array | None:
+        """This member as a ``jax.Array`` (``None`` when the stack was donated meanwhile)."""
+        if self._array is None:
+            if self.stack.is_deleted():
+                return None
+            with jax.enable_x64(True):
+                self._array = jax.lax.index_in_dim(self.stack, self.index, keepdims=False)
+        return self._array
+
+    @property
+    def nbytes(self) -> int:
+        return self.stack.nbytes // self.stack.shape[0]
+
+
+def held(arr):
+    """The device array an entry keeps alive (a :class:`StackSlice`'s stack)."""
+    return arr.stack if isinstance(arr, StackSlice) else arr
+
+
 class DeviceValues:
     """Host tensor -> its current value on the device (see the module docstring)."""
 
@@ -52,6 +84,13 @@ class DeviceValues:
         ``bumped``: AOTAutograd raised ``t``'s version by one just before this call (an input
         the graph mutates in place), so the entry recorded one version lower is current.
         """
+        arr = self._current(t, bumped)
+        if isinstance(arr, StackSlice):
+            arr = arr.array()
+        return arr
+
+    def _current(self, t: torch.Tensor, bumped: bool = False):
+        """The recorded value of ``t`` if current: an array or a :class:`StackSlice`."""
         e = self._entries.get(t.data_ptr())
         if e is None:
             return None
@@ -65,6 +104,23 @@ class DeviceValues:
             return None
         return arr
 
+    def stack_of(self, tensors, bumped) -> jax.Array | None:
+        """The stacked array whose layers are the current values of ``tensors`` in order (what
+        a stacked graph returned for them), or ``None``; ``bumped``: per tensor, as in
+        :meth:`lookup`."""
+        stack = None
+        for k, (t, b) in enumerate(zip(tensors, bumped, strict=True)):
+            arr = self._current(t, b)
+            if not isinstance(arr, StackSlice) or arr.index != k:
+                return None
+            if stack is None:
+                stack = arr.stack
+            elif arr.stack is not stack:
+                return None
+        if stack is None or stack.shape[0] != len(tensors) or stack.is_deleted():
+            return None
+        return stack
+
     def owner(self, t: torch.Tensor):
         """The object whose life the device copy of ``t`` is tied to (see :meth:`record`), if
         the table holds a current one; else ``None``."""
@@ -72,9 +128,10 @@ class DeviceValues:
             return None
         return self._entries[t.data_ptr()][0]()
 
-    def record(self, t: torch.Tensor, arr: jax.Array, owner=None) -> None:
-        """``arr`` is now ``t``'s value on the device, until ``t`` changes or ``owner`` (the
-        object whose life keeps ``t``'s storage alive; ``t`` itself by default) dies."""
+    def record(self, t: torch.Tensor, arr, owner=None) -> None:
+        """``arr`` (an array or a :class:`StackSlice`) is now ``t``'s value on the device, until
+        ``t`` changes or ``owner`` (the object whose life keeps ``t``'s storage alive; ``t``
+        itself by default) dies."""
         if t.numel() == 0:
             return
         ptr = t.data_ptr()
@@ -91,13 +148,13 @@ class DeviceValues:
 
     def device_bytes(self) -> int:
         """Bytes of device arrays the table keeps alive."""
-        seen = {id(e[5]): e[5] for e in list(self._entries.values())}
+        seen = {id(held(e[5])): held(e[5]) for e in list(self._entries.values())}
         return sum(nbytes(a) for a in seen.values())
 
     def bytes_per_device(self) -> dict[str, int]:
         """Device -> bytes of the arrays the table keeps alive there (a sharded array's shards
         counted on their own devices, a replicated one on each)."""
-        seen = {id(e[5]): e[5] for e in list(self._entries.values())}
+        seen = {id(held(e[5])): held(e[5]) for e in list(self._entries.values())}
         return resident_bytes_per_device(seen.values())
 
     def clear(self) -> None:

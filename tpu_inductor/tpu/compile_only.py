@@ -25,7 +25,7 @@ from jax.sharding import SingleDeviceSharding
 
 from tpu_inductor.core.dtypes import JAX_TO_TORCH, to_jax_dtype
 from tpu_inductor.core.shapes import bind, concrete
-from tpu_inductor.runtime.call import Executables, _python_scalar
+from tpu_inductor.runtime.call import Executables, _python_scalar, stacked_sharding
 from tpu_inductor.tpu import programs
 from tpu_inductor.tpu.targets import Target
 
@@ -124,8 +124,9 @@ class TargetGraph:
         start = time.perf_counter()
         error = compiled = None
         lowered, spaces = None, {}
+        packed = exes.pack(specs, _stacked_spec)  # stacked state (lowering/packing.py)
         with jax.enable_x64(True):
-            traced = exes.trace(seed, specs, statics)
+            traced = exes.trace(seed, packed, statics)
             try:  # the TPU lowering's or compiler's refusal is the report's finding
                 lowered = traced.lower()
                 compiled, spaces = programs.compile_measured(lowered, exes.compiler_options)
@@ -136,12 +137,9 @@ class TargetGraph:
         if lowered is not None:
             build_signature = (tuple(s[:2] for s in signature[0]), signature[1])
             exes.record_build(build_signature, traced, lowered, seconds)
-        donated = [
-            specs[self.lowered.tensor_inputs.index(m.input_index)]
-            for m in self.lowered.mutations
-            if m.input_index in exes.donated
-        ]
-        role = programs.cache_role(self.role, self.lowered, traced.out_info)
+        donated = [packed[exes._tensor_pos.index(s)] for s in exes._donated_slots]
+        out_info = exes.unpack(list(traced.out_info), lambda stack, k: None)
+        role = programs.cache_role(self.role, self.lowered, out_info)
         graph = exes.name  # "graph3-inference": named by what it does, not by AOTAutograd's kind
         if graph.endswith(f"-{self.kind}") and role != self.kind:
             graph = graph[: -len(self.kind)] + role.replace(" ", "-")
@@ -152,7 +150,7 @@ class TargetGraph:
             role=role,
             target=self.target,
             chips=1 if self.plan is None else self.plan.mesh.devices.size,
-            inputs=specs,
+            inputs=packed,
             out_info=traced.out_info,
             compiled=compiled,
             error=error,
@@ -191,6 +189,14 @@ class TargetGraph:
                 dtype = JAX_TO_TORCH[np.dtype(info.dtype)]
                 result.append(torch.zeros(tuple(info.shape), dtype=dtype, device=device))
         return result
+
+
+def _stacked_spec(members: list) -> jax.ShapeDtypeStruct:
+    """What a stack of ``members`` (``ShapeDtypeStruct``s of one shape) is to the program."""
+    first = members[0]
+    return jax.ShapeDtypeStruct(
+        (len(members), *first.shape), first.dtype, sharding=stacked_sharding(first.sharding)
+    )
 
 
 def _concrete_inputs(low, specs: Sequence, statics: Sequence) -> list:

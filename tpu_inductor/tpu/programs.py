@@ -84,7 +84,9 @@ class Program:
         name: ``graph3-backward#0`` (``graph``, the graph's name, then the executable's number).
         kind / role: AOTAutograd's kind and what it does in a step (:func:`role_of`).
         target: the topology; ``chips``: how many of its chips the program spans.
-        inputs: ``(shape, dtype)`` per tensor input; ``donated_bytes``: inputs it may overwrite.
+        inputs: ``(shape, dtype)`` per tensor argument (with ``scan_layers``, one stack per
+            kind of per-layer state: ``lowering/packing.py``); ``donated_bytes``: the
+            arguments it may overwrite.
         error: why it did not compile (``None`` when it did), with the user's source line.
         compile_seconds: wall time of tracing, lowering and the TPU compile.
         memory: ``memory_analysis()`` per chip: ``argument``, ``output``, ``temp``, ``alias``,
