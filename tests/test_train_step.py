@@ -100,6 +100,9 @@ def test_mlp_step_is_one_program_with_eager_numbers(make_opt):
     # Step 1 compiles a program that also creates the optimizer state; from then on each step
     # is one program.
     assert runs == [1, 1, 1]
+    # named for what it is (AOTAutograd calls it an "inference" graph: it splits nothing)
+    names = [g.name for g in tpu_inductor.report(print_table=False).graphs]
+    assert names and all(n.endswith("-training-step") for n in names), names
 
 
 def test_a_step_returning_the_loss_itself_is_one_program():

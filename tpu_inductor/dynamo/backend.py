@@ -543,7 +543,9 @@ def compile_graph(
             platform=platform,
             scan_layers=opts.scan_layers,
         )
-        name = f"graph{next(_graph_ids)}-{kind}"
+        # named by what it does (compile_step's program: "training-step"), not by AOTAutograd's
+        # kind ("inference" for any graph it does not split)
+        name = f"graph{next(_graph_ids)}-{programs.role_of(gm, kind).replace(' ', '-')}"
         dump = _dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
         donating = platform != "cpu" or DONATE_ON_CPU

@@ -140,7 +140,7 @@ class TargetGraph:
         donated = [packed[exes._tensor_pos.index(s)] for s in exes._donated_slots]
         out_info = exes.unpack(list(traced.out_info), lambda stack, k: None)
         role = programs.cache_role(self.role, self.lowered, out_info)
-        graph = exes.name  # "graph3-inference": named by what it does, not by AOTAutograd's kind
+        graph = exes.name  # named by its role (backend.py); a KV-cache one: graph3-decode
         if graph.endswith(f"-{self.kind}") and role != self.kind:
             graph = graph[: -len(self.kind)] + role.replace(" ", "-")
         program = programs.record(
