@@ -51,7 +51,7 @@ from tpu_inductor.runtime import (
     residency,
     sharding,
 )
-from tpu_inductor.runtime.call import CompiledGraph, Executables
+from tpu_inductor.runtime.call import CompiledGraph, Executables, clear_stackers
 from tpu_inductor.tpu import programs
 from tpu_inductor.tpu.compile_only import TargetGraph
 from tpu_inductor.tpu.targets import tpu_target
@@ -362,6 +362,7 @@ def reset() -> None:
     cache.clear()
     transfers.TOTAL.reset()
     residency.VALUES.clear()
+    clear_stackers()
     sharding.clear()
     programs.clear()
     optimizers.HINTED.clear()

@@ -721,6 +721,11 @@ def stack_arrays(parts: list, device: jax.Device | None = None) -> jax.Array:
     return _stacker(len(parts), sharding)(*parts)
 
 
+def clear_stackers() -> None:
+    """Drop the jitted stack functions of stacked state (``tpu_inductor.reset``)."""
+    _stacker.cache_clear()
+
+
 def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tensor | None:
     """One result back on the host, recorded so a later graph can take it back for free."""
     if not isinstance(arr, jax.Array):

@@ -138,7 +138,7 @@ class TargetGraph:
             build_signature = (tuple(s[:2] for s in signature[0]), signature[1])
             exes.record_build(build_signature, traced, lowered, seconds)
         donated = [packed[exes._tensor_pos.index(s)] for s in exes._donated_slots]
-        out_info = exes.unpack(list(traced.out_info), lambda stack, k: None)
+        out_info = exes.unpack(list(traced.out_info), _member_spec)
         role = programs.cache_role(self.role, self.lowered, out_info)
         graph = exes.name  # named by its role (backend.py); a KV-cache one: graph3-decode
         if graph.endswith(f"-{self.kind}") and role != self.kind:
@@ -168,7 +168,7 @@ class TargetGraph:
         low = self.lowered
         meta = any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in inputs)
         device = "meta" if meta else "cpu"
-        outs = list(program.out_info)
+        outs = self.exes.unpack(list(program.out_info), _member_spec)
         bindings = None
         result: list = []
         for j, (kind, k) in enumerate(low.output_plan):
@@ -189,6 +189,11 @@ class TargetGraph:
                 dtype = JAX_TO_TORCH[np.dtype(info.dtype)]
                 result.append(torch.zeros(tuple(info.shape), dtype=dtype, device=device))
         return result
+
+
+def _member_spec(stack, k: int) -> jax.ShapeDtypeStruct:
+    """Member ``k`` of a stacked result, as the graph's own output (lowering/packing.py)."""
+    return jax.ShapeDtypeStruct(tuple(stack.shape[1:]), stack.dtype)
 
 
 def _stacked_spec(members: list) -> jax.ShapeDtypeStruct:
