@@ -271,7 +271,8 @@ def test_stacked_state_crosses_once_per_kind_and_stays_stacked(monkeypatch):
     per kind (lowering/packing.py): the program's inputs do not grow with depth, the steady step
     passes back the stacks the last step returned (nothing is stacked again), the host copies
     are eager's after every step, and an eager in-place edit of one parameter between steps is
-    seen (its stack is rebuilt)."""
+    seen (its stack is rebuilt). That the arguments stay as many at any depth is checked on the
+    compiled program in tests/tpu/test_scan_sharding.py."""
     from tpu_inductor.runtime import call
     from tpu_inductor.runtime.cache import COMPILED
 
@@ -317,11 +318,6 @@ def test_stacked_state_crosses_once_per_kind_and_stays_stacked(monkeypatch):
     slots = [len(s) for s in steady._slots]
     # per kind: the parameters, step, exp_avg, exp_avg_sq
     assert slots.count(3) == 36 and max(slots) == 3
-    # the inputs do not grow with depth
-    before = set(map(id, COMPILED))
-    run(SCAN, 5, steps=2)
-    deeper = steady_of(COMPILED)
-    assert len(deeper._slots) == len(steady._slots) and max(len(s) for s in deeper._slots) == 5
 
 
 def test_stacked_state_with_keep_on_device_matches_eager():
