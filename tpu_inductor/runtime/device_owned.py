@@ -139,6 +139,13 @@ def sync(inner: torch.Tensor) -> None:
         return
     if isinstance(arr, StackSlice):
         arr = arr.array()
+        if arr is None:  # as np.asarray does for a deleted array: say so, never copy garbage
+            raise RuntimeError(
+                f"tpu-inductor: the device value of a keep_on_device tensor of shape "
+                f"{tuple(inner.shape)} was a layer of a stacked array that a compiled call "
+                "consumed (donated) and did not replace (the call failed); its value is lost: "
+                "load the model and optimizer state again (e.g. from a checkpoint)"
+            )
     values = np.asarray(arr)
     if isinstance(target, np.ndarray):
         np.copyto(target, values.view(target.dtype))
