@@ -3,9 +3,10 @@
 With ``scan_layers`` a run of N layers reads N weights of each kind (and, in ``compile_step``'s
 one program, N of each optimizer moment) and writes N new values of each. Passed one by one,
 each is a buffer of its own that the program stacks on entry and slices apart on exit, and
-XLA compiles that glue again per layer: measured for a 27-kind scan on v5e (libtpu 0.0.42.1,
-``/work/tmp/glue.py``-style program, 2-core host), 4.58 s of TPU compile at 32 layers with
-per-layer arguments and results, 0.58 s with stacked ones (and 0.58 s at 4 layers).
+XLA compiles that glue again per layer: measured for a pure-JAX 27-kind scan on v5e (libtpu
+0.0.42.1, 2-core host), 4.58 s of TPU compile at 32 layers with per-layer arguments and
+results, 0.58 s with stacked ones (and 0.58 s at 4 layers); docs/architecture.md, "Stacked
+state", has the measurements on our own programs.
 
 :func:`plan_packing` picks, from the scans ``lower.py`` planned, the groups of graph inputs a
 scan stacks (all placeholders, one per layer, in layer order) and, where every member of a
@@ -35,13 +36,10 @@ class Packing:
             members in layer order (packed as ``[layers, *shape]``).
         results: per packed result, the positions among ``LoweredGraph.fn``'s results it
             holds: one, or a stack of new values (members in layer order); stacks come last.
-        stack_inputs: per packed result that is a stack, the packed input (slot) whose members
-            it updates.
     """
 
     slots: tuple[tuple[int, ...], ...]
     results: tuple[tuple[int, ...], ...]
-    stack_inputs: dict
 
     def slot_of(self) -> dict[int, int]:
         """Graph input position -> its packed input."""
@@ -50,10 +48,6 @@ class Packing:
     def result_of(self) -> dict[int, int]:
         """``fn`` result position -> its packed result."""
         return {j: r for r, res in enumerate(self.results) for j in res}
-
-    def pack(self, values: Sequence, stack: Callable) -> list:
-        """Values per graph input -> per packed input (``stack(members)`` for a stack)."""
-        return [values[s[0]] if len(s) == 1 else stack([values[p] for p in s]) for s in self.slots]
 
     def unpack(self, outs: Sequence, part: Callable) -> list:
         """Packed results -> per ``fn`` result (``part(stack, k)`` for a stack's member k)."""
@@ -94,16 +88,14 @@ def plan_packing(groups: dict, placeholders: list, mutations: Sequence, n_result
         first.get(i, (i,)) for i in range(len(placeholders)) if i in first or i not in taken
     )
     new_value = {m.input_index: m.value_index for m in mutations if m.delta is None}
-    out_stacks, stack_inputs = [], {}
-    for s, slot in enumerate(slots):
-        if len(slot) > 1 and all(p in new_value for p in slot):
-            out_stacks.append((s, tuple(new_value[p] for p in slot)))
-    in_stack = {j for _, res in out_stacks for j in res}
-    results = [(j,) for j in range(n_results) if j not in in_stack]
-    for s, res in out_stacks:
-        stack_inputs[len(results)] = s
-        results.append(res)
-    return Packing(slots, tuple(results), stack_inputs)
+    out_stacks = [
+        tuple(new_value[p] for p in slot)
+        for slot in slots
+        if len(slot) > 1 and all(p in new_value for p in slot)
+    ]
+    in_stack = {j for res in out_stacks for j in res}
+    results = [(j,) for j in range(n_results) if j not in in_stack] + out_stacks
+    return Packing(slots, tuple(results))
 
 
 def packed_fn(fn: Callable, packing: Packing, n_inputs: int) -> Callable:

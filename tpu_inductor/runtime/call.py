@@ -236,10 +236,8 @@ class Executables:
             per_input = [None] * len(self.lowered.input_metas)
             for slot, a in zip(self._slots, args, strict=True):
                 where = getattr(a, "sharding", None)
-                if len(slot) > 1 and isinstance(where, jax.sharding.NamedSharding):
-                    where = jax.sharding.NamedSharding(
-                        where.mesh, jax.sharding.PartitionSpec(*tuple(where.spec)[1:])
-                    )
+                if len(slot) > 1:
+                    where = member_sharding(where)
                 for p in slot:
                     per_input[p] = where
             batch = jax.sharding.NamedSharding(self.plan.mesh, self.plan.inputs)
@@ -701,6 +699,15 @@ def stacked_sharding(sharding):
     """The sharding of a stack of arrays placed as ``sharding`` (layers unsharded)."""
     if isinstance(sharding, jax.sharding.NamedSharding):
         spec = jax.sharding.PartitionSpec(None, *tuple(sharding.spec))
+        return jax.sharding.NamedSharding(sharding.mesh, spec)
+    return sharding
+
+
+def member_sharding(sharding):
+    """The sharding of one layer of a stack placed as ``sharding`` (:func:`stacked_sharding`'s
+    inverse)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:])
         return jax.sharding.NamedSharding(sharding.mesh, spec)
     return sharding
 
