@@ -288,6 +288,14 @@ def apply_levers(levers: dict[str, Any]) -> None:
         setattr(mod, name, value)
 
 
+def set_layers(layers: int, small: bool) -> None:
+    """Give the transformers (not the ResNet, whose blocks are per stage) ``layers`` layers."""
+    for model in ("llama", "vit", "bert"):
+        sizes = list(SIZES[model])
+        sizes[small] = {**sizes[small], "layers": layers}
+        SIZES[model] = tuple(sizes)
+
+
 def run_one(args: argparse.Namespace) -> dict:
     """One (workload, contender) in this process."""
     options = json.loads(args.options) if args.options else {}
@@ -320,6 +328,8 @@ def _subprocess(args: argparse.Namespace, workload: str, contender: str) -> dict
     ]
     if args.small:
         cmd.append("--small")
+    if args.layers:
+        cmd += ["--layers", str(args.layers)]
     if args.options:
         cmd += ["--options", args.options]
     if args.levers:
@@ -408,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--small", action="store_true", help="tiny sizes (tests, CI)")
     p.add_argument("--target", default="v5e:2x2", help="a TPU topology (libtpu compiles it)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="the Llama's, ViT's and BERT's layer count instead of the workload's (reading a "
+        "lever in one layer's HLO compiles in a fraction of the time; ratios then differ)",
+    )
     p.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--options", default="", help="backend options for ours, as JSON")
@@ -449,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.layers:
+        set_layers(args.layers, args.small)
     if args.readme_only:
         write_readme(Path(args.readme_only), ROOT / "README.md")
         return 0

@@ -35,6 +35,7 @@ from tpu_inductor.core.errors import (
 )
 from tpu_inductor.core.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
 from tpu_inductor.core.sources import provenance, user_frame
+from tpu_inductor.lowering import leading_dims
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
 from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
 from tpu_inductor.lowering.packing import packed_fn, plan_packing
@@ -370,6 +371,8 @@ def lower_graph(
         UnsupportedOpError: listing every op without a lowering.
     """
     check_supported(gm)
+    if platform in leading_dims.PLATFORMS:
+        leading_dims.keep_leading_dims(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     tensor_inputs = tuple(

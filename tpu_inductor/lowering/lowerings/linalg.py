@@ -103,6 +103,50 @@ def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
     return ((self * beta if beta != 1 else self) + prod).astype(out)
 
 
+# Products over leading dimensions, which lowering/leading_dims.py puts where a graph flattens
+# ``[..., K]`` to ``[M, K]`` for a 2-D product: each is the torch computation it replaces.
+
+
+def matmul_leading(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``mm(x.flatten(0, -2), w)`` without the flattening: ``[..., K] @ [K, N] -> [..., N]``."""
+    return torch.mm(x.flatten(0, -2), w).unflatten(0, x.shape[:-1])
+
+
+def addmm_leading(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor, beta=1, alpha=1):
+    """``addmm(bias, x.flatten(0, -2), w)`` without the flattening (``bias`` is ``[N]``)."""
+    flat = torch.addmm(bias, x.flatten(0, -2), w, beta=beta, alpha=alpha)
+    return flat.unflatten(0, x.shape[:-1])
+
+
+def mm_leading(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a.flatten(0, -2).T @ b.flatten(0, -2)``: ``[..., K], [..., N] -> [K, N]`` summed over
+    every leading position (a linear layer's weight gradient)."""
+    return torch.mm(a.flatten(0, -2).t(), b.flatten(0, -2))
+
+
+@register_lowering(matmul_leading, promote=P.NO_OPMATH)
+def _matmul_leading(ctx, x, w):
+    return _mm(ctx, x, w)
+
+
+@register_lowering(addmm_leading, promote=P.NO_OPMATH, promote_args=(0, 1, 2))
+def _addmm_leading(ctx, bias, x, w, beta=1, alpha=1):
+    return addmm(ctx, bias, x, w, beta, alpha)
+
+
+@register_lowering(mm_leading, promote=P.NO_OPMATH)
+def _mm_leading(ctx, a, b):
+    out = ctx.out_dtype()
+    pref = accumulate_in(out)
+    if pref is not None and _half_result(ctx, out):
+        pref = out
+    lead = tuple(range(a.ndim - 1))
+    dims = ((lead, lead), ((), ()))
+    return lax.dot_general(a, b, dims, precision=ctx.precision, preferred_element_type=pref).astype(
+        out
+    )
+
+
 # aten::outer(Tensor self, Tensor vec2) -> Tensor
 @register_lowering(aten.outer.default, promote=P.NO_OPMATH)
 def outer(ctx, self, vec2):

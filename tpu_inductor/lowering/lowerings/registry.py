@@ -235,6 +235,8 @@ def _expand(op) -> list[OpOverload | str]:
         return [op]
     if isinstance(op, str) and re.fullmatch(r"\w+::\w+\.\w+", op):
         return [op]
+    if callable(op) and getattr(op, "__module__", "").startswith("tpu_inductor."):
+        return [op]  # an op of ours that a graph rewrite inserts (a torch function: runnable)
     raise TypeError(f"register_lowering expects ATen ops or 'namespace::op.overload', got {op!r}")
 
 
@@ -248,9 +250,11 @@ def register_lowering(
     """Register ``fn`` as the lowering of every overload in ``ops``.
 
     Args:
-        ops: ``OpOverload`` s, packets (expanded to all their overloads), or a custom op's
+        ops: ``OpOverload`` s, packets (expanded to all their overloads), a custom op's
             qualified name ``"namespace::op.overload"`` (bound when the op is first looked up,
-            so its library need not be imported here).
+            so its library need not be imported here), or a function of tpu_inductor's that a
+            graph rewrite puts in graphs (written in torch, so the graph still runs in torch:
+            ``lowering/leading_dims.py``).
         promote: torch's elementwise promotion kind; tensor arguments are cast to the
             computation dtype before ``fn`` runs and the result to the result dtype after.
         promote_args: positions of the arguments that take part in promotion (default: every
