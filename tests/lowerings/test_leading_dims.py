@@ -69,10 +69,11 @@ def test_training_matches_eager(on_cpu, dtype, shape):
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, **tol)
-    forward, backward = on_cpu
+    joint, forward, backward = on_cpu  # rewritten before AOTAutograd splits it, then each part
     assert linalg.addmm_leading in forward and linalg.matmul_leading in forward
-    # the backward's input gradients; the weight gradients read the forward's saved 2-D views
+    # input gradients, and weight gradients from the unflattened activations the forward saved
     assert backward.count(linalg.matmul_leading) == 2
+    assert backward.count(linalg.mm_leading) == 2
 
 
 def test_one_program_step_rewrites_weight_gradients(on_cpu):

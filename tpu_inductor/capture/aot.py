@@ -15,7 +15,7 @@ import torch._decomp
 from torch._decomp import core_aten_decompositions
 
 from tpu_inductor.capture import foreach
-from tpu_inductor.lowering import custom_ops
+from tpu_inductor.lowering import custom_ops, leading_dims
 
 
 def decomposition_table() -> dict:
@@ -94,17 +94,31 @@ def _builtin_decomposition_table() -> dict:
 PARTITIONER = "min_cut"
 
 
-def partition_fn() -> Callable:
-    """The partition function AOTAutograd uses (see ``PARTITIONER``)."""
+def partition_fn(platform: str | None = None) -> Callable:
+    """The partition function AOTAutograd uses (see ``PARTITIONER``) for graphs that run on
+    ``platform``. On a TPU the joint graph's products first read their activations unflattened
+    (``lowering/leading_dims.py``), so the forward saves the ``[..., K]`` activation the weight
+    gradient contracts rather than a flattened copy of it."""
     from torch._functorch.partitioners import (
         default_partition,
         min_cut_rematerialization_partition,
     )
 
+    rewrite = platform in leading_dims.PLATFORMS
+
     if PARTITIONER == "default":
-        return default_partition
+        if not rewrite:
+            return default_partition
+
+        def default(joint_module, joint_inputs, **kwargs):
+            leading_dims.keep_leading_dims(joint_module)
+            return default_partition(joint_module, joint_inputs, **kwargs)
+
+        return default
 
     def min_cut(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
+        if rewrite:
+            leading_dims.keep_leading_dims(joint_module)
         _save_user_outputs(joint_module, num_fwd_outputs)
         return min_cut_rematerialization_partition(
             joint_module, joint_inputs, "inductor", num_fwd_outputs=num_fwd_outputs, **kwargs
@@ -130,15 +144,21 @@ def _save_user_outputs(joint_module, num_fwd_outputs: int) -> None:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
-def aot_backend(fw_compiler: Callable, bw_compiler: Callable, inference_compiler: Callable):
-    """A Dynamo backend running AOTAutograd with our compilers and decompositions."""
+def aot_backend(
+    fw_compiler: Callable,
+    bw_compiler: Callable,
+    inference_compiler: Callable,
+    platform: str | None = None,
+):
+    """A Dynamo backend running AOTAutograd with our compilers and decompositions, for graphs
+    that run on ``platform``."""
     from torch._dynamo.backends.common import aot_autograd
 
     return aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
-        partition_fn=partition_fn(),
+        partition_fn=partition_fn(platform),
         decompositions=decomposition_table(),
         # In-graph input mutations arrive as copy_(input, new) nodes, so the new value can stay
         # on the device as the input's current value (residency.py) instead of AOTAutograd

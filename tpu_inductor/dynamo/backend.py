@@ -489,7 +489,9 @@ def _aot_backend(
 
         return compile_fn
 
-    return capture.aot_backend(compiler("forward"), compiler("backward"), compiler("inference"))
+    return capture.aot_backend(
+        compiler("forward"), compiler("backward"), compiler("inference"), platform_of(device)
+    )
 
 
 # Tests set this to run the accelerators' donation path on CPU (JAX's CPU client donates too);
