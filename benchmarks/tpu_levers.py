@@ -58,6 +58,15 @@ ISSUE30 = [
             ("vit-train-bf16", "ours-3prog"),
         ],
     ),
+    (
+        "products over [..., K] activations without flattening them (lowering/leading_dims.py)",
+        {"lowering.leading_dims.PLATFORMS": []},
+        [
+            ("vit-train-f32", "ours-1prog"),
+            ("vit-train-bf16", "ours-1prog"),
+            ("vit-train-bf16", "ours-3prog"),
+        ],
+    ),
 ]
 
 

@@ -466,8 +466,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.layers:
-        set_layers(args.layers, args.small)
+    sizes = dict(SIZES)
+    try:
+        if args.layers:
+            set_layers(args.layers, args.small)
+        return _main(args, argv)
+    finally:
+        SIZES.update(sizes)  # --layers in-process (tests) leaves the sizes as they were
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.readme_only:
         write_readme(Path(args.readme_only), ROOT / "README.md")
         return 0

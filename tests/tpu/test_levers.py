@@ -124,3 +124,29 @@ def test_products_over_unaligned_tokens_keep_their_leading_dims(monkeypatch):
     # one copy: the result laid out row-major for the caller.
     assert before >= 3, before
     assert after <= 1, after
+
+
+def test_layers_option_shrinks_the_transformers_for_one_run(tmp_path):
+    """``--layers 1`` compiles one-layer models (what the README's per-lever figures read) and
+    leaves the workloads' sizes as they were for the rest of the process."""
+    import json
+
+    from benchmarks import tpu_programs
+    from benchmarks.tpu_workloads import SIZES
+
+    before = SIZES["vit"][1]["layers"]
+    rc = tpu_programs.main(
+        [
+            "--small", "--layers", "1",
+            "--only", "vit-train-f32",
+            "--contenders", "hand",
+            "--in-process",
+            "--out-dir", str(tmp_path),
+            "--name", "layers",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads((tmp_path / "layers.json").read_text())
+    assert data["sizes"]["vit"]["layers"] == 1 != before
+    assert "error" not in data["rows"]["vit-train-f32"]["hand"]
+    assert SIZES["vit"][1]["layers"] == before
