@@ -26,10 +26,7 @@ aten = torch.ops.aten
 # (the logits before a float32 loss) keeps the float32 form: as a bf16 dot, its float32 copy was
 # laid out twice (+2 x 33 MB in the bf16 Llama training forward). Cost: the one-program bf16
 # Llama step moves 2,163 -> 2,259 MB (its SiLU written out apart). False: the float32 form
-# everywhere (a lever ``benchmarks.tpu_levers --issue 30`` measures). Since products read
-# unflattened activations on TPUs (lowering/leading_dims.py) most of those copies are gone
-# either way: one-layer bf16 Llama inference 164.3 -> 162.2 MB with this lever, the one-program
-# step 975.3 -> 971.1 MB (``benchmarks.tpu_programs --layers 1 --only infer-bf16,train-bf16``).
+# everywhere (a lever ``benchmarks.tpu_levers --issue 30`` measures).
 TPU_HALF_DOTS = True
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
