@@ -110,3 +110,33 @@ def test_off_the_tpu_nothing_is_rewritten():
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(block, backend="tpu")(x), block(x))
+
+
+def test_logits_widened_for_a_float32_loss_stay_flattened(on_cpu):
+    """A head whose logits are converted to float32 and log-softmaxed keeps its 2-D products,
+    forward and backward (``_widened_layers``); the layer before it is rewritten. Numbers as
+    eager's."""
+    torch.manual_seed(0)
+    body = torch.nn.Linear(16, 16).to(torch.bfloat16)
+    head = torch.nn.Linear(16, 32, bias=False).to(torch.bfloat16)
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    labels = torch.randint(0, 32, (10,))
+
+    def loss_of(x):
+        logits = head(body(x)).float()
+        return torch.nn.functional.cross_entropy(logits.view(-1, 32), labels)
+
+    ref = loss_of(x)
+    ref.backward()
+    want = [p.grad.clone() for p in (*body.parameters(), *head.parameters())]
+    for p in (*body.parameters(), *head.parameters()):
+        p.grad = None
+    out = torch.compile(loss_of, backend="tpu")(x)
+    out.backward()
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    for p, w in zip((*body.parameters(), *head.parameters()), want, strict=True):
+        torch.testing.assert_close(p.grad, w, rtol=2e-2, atol=2e-2)
+    joint, forward, backward = on_cpu
+    assert forward == [linalg.addmm_leading]  # the body's; the head's product stays 2-D
+    assert linalg.mm_leading in backward  # the body's weight gradient
+    assert backward.count(linalg.matmul_leading) == 0  # the head's input gradient stays 2-D

@@ -52,6 +52,11 @@ def _copies(module, x, opcodes=("copy",)) -> int:
 def test_half_precision_projections_need_no_layout_copies(dtype, monkeypatch):
     module = _Attention().to(dtype).eval()
     x = torch.randn(4, 256, 256, dtype=dtype)
+    # On the graph as AOTAutograd hands it over: products over unflattened activations
+    # (leading_dims.py) leave this module no copy either way (measured: 0 with or without it).
+    from tpu_inductor.lowering import leading_dims
+
+    monkeypatch.setattr(leading_dims, "PLATFORMS", set())
     monkeypatch.setattr(linalg, "TPU_HALF_DOTS", False)
     before = _copies(module, x)
     monkeypatch.setattr(linalg, "TPU_HALF_DOTS", True)

@@ -11,8 +11,10 @@ products read the activation as it is: ``matmul_leading(x, w)`` (``[..., K] @ [K
 ``addmm_leading(b, x, w)``, ``mm_leading(g, x)`` (the weight gradient: contracting every
 leading dimension) and a ``sum`` over the leading dimensions; each new node is the torch
 computation it replaces (``lowerings/linalg.py``), so the graph still runs in torch and computes
-the same numbers. A flattening other ops still read stays; XLA folds the ``view`` back. An
-aligned flattening (``T`` a multiple of a tile's rows) is a bitcast and is left alone.
+the same numbers. A flattening other ops still read stays; XLA folds the ``view`` back. With
+aligned tokens (a multiple of 8) a flattening is a bitcast, but unflattened products still make
+fewer layout copies (BERT, 256 tokens); the products of a layer whose output is widened to
+float32 next are left 2-D (``_widened_layers``).
 
 Measured (``python -m benchmarks.tpu_programs --layers 1 --only vit-train-bf16 --contenders
 hand,ours-1prog``, v5e, compile only): see ``docs/architecture.md``, "Products over leading
@@ -33,6 +35,9 @@ aten = torch.ops.aten
 
 PLATFORMS = {"tpu"}  # where the rewrite runs (tests add "cpu" to check its numbers against eager)
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+# Marks a product left 2-D (_widened_layers); the mark survives AOTAutograd's split, so the
+# forward and backward graphs keep what the joint graph's rewrite kept.
+KEEP = "tpu_inductor_keep_flattened"
 
 
 def _shape(node) -> tuple | None:
@@ -44,24 +49,68 @@ def _shape(node) -> tuple | None:
 
 
 def _flattened(node) -> fx.Node | None:
-    """The ``[..., T, K]`` (rank >= 3) tensor that view ``node`` flattens to ``[M, K]``, when
-    that flattening moves rows across the TPU's tiles (``T`` not a multiple of a tile's rows);
-    otherwise None.
-
-    An aligned flattening (a Llama's 256 tokens) is a bitcast and is left as it is: rewritten,
-    the README's sample report (bf16 Llama, 3 programs) moved 1.808 -> 1.927 GiB, XLA fusing the
-    logits' float32 convert into the unflattened vocabulary products (``python
-    examples/compile_for_tpu.py --readme-sample``, 2026-12-06)."""
+    """The ``[..., K]`` (rank >= 3) tensor that view ``node`` flattens to ``[M, K]``, or None."""
     if not isinstance(node, fx.Node) or node.target not in _VIEWS:
         return None
     src, out = node.args[0], _shape(node)
     shape = _shape(src)
     if shape is None or out is None or len(shape) < 3:
         return None
-    rows = 8 * max(1, 4 // src.meta["val"].element_size())  # 8 x 32 bits of sublanes per tile
-    if shape[-2] % rows == 0:
-        return None
     return src if out == (math.prod(shape[:-1]), shape[-1]) else None
+
+
+def _base(node):
+    """``node`` through transposes (``w.t().t()`` -> ``w``)."""
+    while (a := _transposed(node)) is not None:
+        node = a
+    return node
+
+
+_PASS = (*_VIEWS, aten.slice.Tensor, aten.clone.default, aten._to_copy.default)
+
+
+def _widened_logits(node: fx.Node) -> bool:
+    """Whether product ``node`` is converted to float32 and then log-softmaxed (through views,
+    slices and copies): a classifier's logits before a float32 loss."""
+    todo = [(node, False)]
+    for _ in range(64):
+        if not todo:
+            return False
+        n, wide = todo.pop()
+        for user in n.users:
+            if user.target is aten._log_softmax.default and wide:
+                return True
+            if user.target in _PASS:
+                up = user.target is aten._to_copy.default and (
+                    user.kwargs.get("dtype") == torch.float32
+                )
+                todo.append((user, wide or up))
+    return False
+
+
+def _widened_layers(graph: fx.Graph) -> None:
+    """Mark ``KEEP`` the products of every layer whose output is converted to float32 and
+    log-softmaxed (a language model's logits before a float32 loss), forward and backward.
+
+    Unflattened, XLA:TPU fuses that float32 convert into the vocabulary-sized products and
+    writes float32 logits beside the half-precision ones: the README's sample report (bf16
+    Llama, vocabulary 8192, three programs) moved 1.808 -> 1.927 GiB, three 37 MiB fusions
+    becoming 101 MiB each (``python examples/compile_for_tpu.py --readme-sample``,
+    2026-12-06). The backward's products of that layer read its weight (the input gradient)
+    or its activation (the weight gradient)."""
+    weights, activations = set(), set()
+    for node in graph.nodes:
+        if node.target in (aten.mm.default, aten.addmm.default) and _widened_logits(node):
+            a, b = node.args[-2:]
+            if (x := _flattened(a)) is not None:
+                node.meta[KEEP] = True
+                weights.add(_base(b))
+                activations.add(x)
+    for node in graph.nodes:
+        if node.target is aten.mm.default:
+            a, b = node.args
+            if _base(b) in weights or _flattened(b) in activations:
+                node.meta[KEEP] = True
 
 
 def _transposed(node) -> fx.Node | None:
@@ -112,8 +161,9 @@ def keep_leading_dims(gm: fx.GraphModule) -> int:
     graph = gm.graph
     done = 0
     erased: set = set()
+    _widened_layers(graph)
     for node in list(graph.nodes):
-        if node.op != "call_function":
+        if node.op != "call_function" or node.meta.get(KEEP):
             continue
         new = None
         if node.target is aten.mm.default:
