@@ -106,6 +106,8 @@ def _widened_layers(graph: fx.Graph) -> None:
                 node.meta[KEEP] = True
                 weights.add(_base(b))
                 activations.add(x)
+    if not weights:
+        return
     for node in graph.nodes:
         if node.target is aten.mm.default:
             a, b = node.args

@@ -47,17 +47,47 @@ def _half_result(ctx, out) -> bool:
     return TPU_HALF_DOTS and ctx.platform == "tpu" and not _upcast_next(ctx.node)
 
 
-def _mm(ctx, a, b):
+def _dtypes(ctx):
+    """A product's result dtype and the dtype it accumulates in (``preferred_element_type``)."""
     out = ctx.out_dtype()
     # NOTE: integer matmuls accumulate in their own dtype, like torch (wrapping on overflow).
     pref = accumulate_in(out)
     if pref is not None and _half_result(ctx, out):
         pref = out
+    return out, pref
+
+
+def _mm(ctx, a, b):
+    out, pref = _dtypes(ctx)
     return jnp.matmul(a, b, precision=ctx.precision, preferred_element_type=pref).astype(out)
 
 
+# Products over leading dimensions, which lowering/leading_dims.py puts where a graph flattens
+# ``[..., K]`` to ``[M, K]`` for a 2-D product: each is the torch computation it replaces, and
+# the first two are lowered as mm and addmm (jnp.matmul and broadcasting take the leading dims).
+
+
+def matmul_leading(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``mm(x.flatten(0, -2), w)`` without the flattening: ``[..., K] @ [K, N] -> [..., N]``."""
+    return torch.mm(x.flatten(0, -2), w).unflatten(0, x.shape[:-1])
+
+
+def addmm_leading(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor, beta=1, alpha=1):
+    """``addmm(bias, x.flatten(0, -2), w)`` without the flattening (``bias`` is ``[N]``)."""
+    flat = torch.addmm(bias, x.flatten(0, -2), w, beta=beta, alpha=alpha)
+    return flat.unflatten(0, x.shape[:-1])
+
+
+def mm_leading(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a.flatten(0, -2).T @ b.flatten(0, -2)``: ``[..., K], [..., N] -> [K, N]`` summed over
+    every leading position (a linear layer's weight gradient)."""
+    return torch.mm(a.flatten(0, -2).t(), b.flatten(0, -2))
+
+
 # aten::mm(Tensor self, Tensor mat2) -> Tensor
-@register_lowering(aten.mm.default, aten.bmm.default, aten.matmul.default, promote=P.NO_OPMATH)
+@register_lowering(
+    aten.mm.default, aten.bmm.default, aten.matmul.default, matmul_leading, promote=P.NO_OPMATH
+)
 def mm(ctx, self, mat2):
     return _mm(ctx, self, mat2)
 
@@ -82,6 +112,7 @@ def _scalars(dtype, *scalars):
     aten.addmm.default,
     aten.baddbmm.default,
     aten.addmv.default,
+    addmm_leading,
     promote=P.NO_OPMATH,
     promote_args=(0, 1, 2),
 )
@@ -103,48 +134,14 @@ def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
     return ((self * beta if beta != 1 else self) + prod).astype(out)
 
 
-# Products over leading dimensions, which lowering/leading_dims.py puts where a graph flattens
-# ``[..., K]`` to ``[M, K]`` for a 2-D product: each is the torch computation it replaces.
-
-
-def matmul_leading(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``mm(x.flatten(0, -2), w)`` without the flattening: ``[..., K] @ [K, N] -> [..., N]``."""
-    return torch.mm(x.flatten(0, -2), w).unflatten(0, x.shape[:-1])
-
-
-def addmm_leading(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor, beta=1, alpha=1):
-    """``addmm(bias, x.flatten(0, -2), w)`` without the flattening (``bias`` is ``[N]``)."""
-    flat = torch.addmm(bias, x.flatten(0, -2), w, beta=beta, alpha=alpha)
-    return flat.unflatten(0, x.shape[:-1])
-
-
-def mm_leading(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a.flatten(0, -2).T @ b.flatten(0, -2)``: ``[..., K], [..., N] -> [K, N]`` summed over
-    every leading position (a linear layer's weight gradient)."""
-    return torch.mm(a.flatten(0, -2).t(), b.flatten(0, -2))
-
-
-@register_lowering(matmul_leading, promote=P.NO_OPMATH)
-def _matmul_leading(ctx, x, w):
-    return _mm(ctx, x, w)
-
-
-@register_lowering(addmm_leading, promote=P.NO_OPMATH, promote_args=(0, 1, 2))
-def _addmm_leading(ctx, bias, x, w, beta=1, alpha=1):
-    return addmm(ctx, bias, x, w, beta, alpha)
-
-
+# aten::mm over every leading position of both operands (leading_dims.py's weight gradients)
 @register_lowering(mm_leading, promote=P.NO_OPMATH)
 def _mm_leading(ctx, a, b):
-    out = ctx.out_dtype()
-    pref = accumulate_in(out)
-    if pref is not None and _half_result(ctx, out):
-        pref = out
+    out, pref = _dtypes(ctx)
     lead = tuple(range(a.ndim - 1))
     dims = ((lead, lead), ((), ()))
-    return lax.dot_general(a, b, dims, precision=ctx.precision, preferred_element_type=pref).astype(
-        out
-    )
+    product = lax.dot_general(a, b, dims, precision=ctx.precision, preferred_element_type=pref)
+    return product.astype(out)
 
 
 # aten::outer(Tensor self, Tensor vec2) -> Tensor
