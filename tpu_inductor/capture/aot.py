@@ -14,7 +14,7 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions
 
-from tpu_inductor.capture import foreach
+from tpu_inductor.capture import foreach, row_statistics
 from tpu_inductor.lowering import custom_ops, leading_dims
 
 
@@ -92,6 +92,10 @@ def _builtin_decomposition_table() -> dict:
 # pointwise chains, views and transposes, instead of the forward saving their results) or
 # "default" (save every intermediate the backward reads). Benchmarks switch it to measure it.
 PARTITIONER = "min_cut"
+# Whether the min-cut partitioner sees log-softmax as its row statistics and a subtraction, so
+# the backward recomputes it from its input instead of the forward saving it
+# (capture/row_statistics.py). Benchmarks switch it off to measure it.
+SPLIT_LOG_SOFTMAX = True
 
 
 def partition_fn(platform: str | None = None) -> Callable:
@@ -120,6 +124,8 @@ def partition_fn(platform: str | None = None) -> Callable:
         if rewrite:
             leading_dims.keep_leading_dims(joint_module)
         _save_user_outputs(joint_module, num_fwd_outputs)
+        if SPLIT_LOG_SOFTMAX:
+            row_statistics.split_log_softmax(joint_module)
         return min_cut_rematerialization_partition(
             joint_module, joint_inputs, "inductor", num_fwd_outputs=num_fwd_outputs, **kwargs
         )
