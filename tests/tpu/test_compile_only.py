@@ -100,6 +100,22 @@ def test_meta_model_compiles_the_same_programs_as_a_real_one():
     assert meta == real
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_the_logits_zero_tangent_is_no_argument_of_the_backward(device):
+    """The model returns logits beside the loss; autograd hands the backward zeros as their
+    gradient. The backward program takes the logits once (saved: it recomputes the
+    log-softmax from them, capture/row_statistics.py) and no tangent of their shape
+    (runtime/signatures.py: Zeros), on a real model as on a meta one."""
+    with torch.device(device):
+        model = tiny_llama()
+    ids = torch.randint(0, 128, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    _step(model, ids.to(device), "v5e")
+    bwd = next(p for p in programs.PROGRAMS if p.role == "backward")
+    logits = ((BATCH, SEQ, 128), "float32")
+    assert bwd.inputs.count(logits) == 1, bwd.inputs
+    assert ((BATCH * SEQ, 128), "float32") not in bwd.inputs, bwd.inputs
+
+
 def test_a_model_too_big_for_the_chip_says_by_how_much():
     """16 GiB of float32 weights in a v5e's 16 GiB: the forward does not fit, the backward
     (which also writes their 16 GiB gradient) even less. Built on the meta device: nothing is

@@ -51,7 +51,8 @@ from tpu_inductor.runtime import (
     residency,
     sharding,
 )
-from tpu_inductor.runtime.call import CompiledGraph, Executables, clear_stackers
+from tpu_inductor.runtime.call import CompiledGraph, Executables
+from tpu_inductor.runtime.stacks import clear_stackers
 from tpu_inductor.tpu import programs
 from tpu_inductor.tpu.compile_only import TargetGraph
 from tpu_inductor.tpu.targets import tpu_target

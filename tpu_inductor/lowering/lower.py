@@ -161,6 +161,8 @@ class LoweredGraph:
         packing: with ``scan_layers``, how per-layer inputs and their new values cross as
             stacks (:mod:`tpu_inductor.lowering.packing`): the executable is :attr:`packed`,
             not ``fn``; ``None`` when nothing is stacked.
+        tangent_inputs: positions of a backward graph's tangents (AOTAutograd's ``tangents_*``
+            placeholders): the gradients of the forward's outputs.
     """
 
     fn: Callable
@@ -178,6 +180,7 @@ class LoweredGraph:
     view_outputs: frozenset[int] = frozenset()
     layouts: dict = dataclasses.field(default_factory=dict)
     packing: Any = None
+    tangent_inputs: frozenset[int] = frozenset()
 
     @property
     def packed(self) -> Callable:
@@ -557,6 +560,7 @@ def lower_graph(
         view_outputs,
         layouts,
         packing,
+        frozenset(i for i, n in enumerate(placeholders) if n.target.startswith("tangents")),
     )
 
 

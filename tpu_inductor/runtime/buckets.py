@@ -27,7 +27,8 @@ import torch
 from tpu_inductor.core.dtypes import tolerance
 from tpu_inductor.core.errors import raise_failed_assert
 from tpu_inductor.core.shapes import bind, concrete, concrete_shape
-from tpu_inductor.runtime.call import _python_scalar, draw_seed
+from tpu_inductor.runtime.call import draw_seed
+from tpu_inductor.runtime.signatures import python_scalar
 
 
 class PaddingWarning(UserWarning):
@@ -134,7 +135,7 @@ class PaddedGraph:
         tensor_inputs = c._tensor_inputs
         with jax.enable_x64(True):
             values = [
-                c._input(i, a) if i in tensor_inputs else _python_scalar(a)
+                c._input(i, a) if i in tensor_inputs else python_scalar(a)
                 for i, a in enumerate(args)
             ]
             args.clear()

@@ -45,6 +45,15 @@ from tpu_inductor.runtime.residency import (
     saved_tensors_hooks_active,
     saved_value,
 )
+from tpu_inductor.runtime.signatures import (
+    Zeros,
+    fmt_spec,
+    python_scalar,
+    signature_of,
+    zero_positions,
+    zeros_of,
+)
+from tpu_inductor.runtime.stacks import member_sharding, stack_arrays
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.runtime.call"
 
@@ -73,9 +82,9 @@ class Executables:
     """One XLA executable per concrete input signature of a lowered graph, LRU-bounded.
 
     A signature is the (shape, dtype) of every tensor input plus the values of the static
-    (Python scalar) inputs. Dynamic graphs get one executable per concrete shape; Dynamo never
-    sees a size change. Thread-safe: each signature is compiled once, however many threads
-    ask for it at the same time.
+    (Python scalar) inputs, and which tangents are :class:`Zeros`. Dynamic graphs get one
+    executable per concrete shape; Dynamo never sees a size change. Thread-safe: each signature
+    is compiled once, however many threads ask for it at the same time.
     """
 
     def __init__(
@@ -126,17 +135,22 @@ class Executables:
             s for s, slot in enumerate(slots) if all(p in self.donated for p in slot)
         )
 
-        self._jitted = self._jit()
+        self._jitted: dict[tuple, object] = {}  # per set of Zeros slots: jax.jit of the graph
 
-    def _jit(self):
+    def _jit(self, zeros: tuple[int, ...] = ()):
         """``jax.jit`` of the lowered graph (a fresh function: JAX's caches of traces, modules and
-        executables are keyed weakly on it, so dropping it frees them: ``release``)."""
+        executables are keyed weakly on it, so dropping it frees them: ``release``), with the
+        slots ``zeros`` taken as :class:`Zeros` (static)."""
         lowered = self.lowered
 
         fn = lowered.packed
 
         def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
+            if zeros:
+                inputs = [
+                    jax.numpy.zeros(a.shape, a.dtype) if type(a) is Zeros else a for a in inputs
+                ]
             outs = fn(seed, *inputs)
             if self._constraints:
                 outs = list(outs)
@@ -149,9 +163,15 @@ class Executables:
         # graph overwrites, whose old device value nothing reads after the call.
         return jax.jit(
             traced,
-            static_argnums=self._static,
-            donate_argnums=tuple(s + 1 for s in self._donated_slots),
+            static_argnums=tuple(sorted((*self._static, *(s + 1 for s in zeros)))),
+            donate_argnums=tuple(s + 1 for s in self._donated_slots if s not in zeros),
         )
+
+    def _jitted_for(self, zeros: tuple[int, ...]):
+        jitted = self._jitted.get(zeros)
+        if jitted is None:
+            jitted = self._jitted[zeros] = self._jit(zeros)
+        return jitted
 
     def pack(self, values: list, stack) -> list:
         """Per tensor input -> per tensor slot: the executable's calling convention
@@ -175,7 +195,7 @@ class Executables:
         """Drop every compiled executable (rebuilt on next use, reason "evicted earlier")."""
         with self._lock:
             self.entries.clear()
-            self._jitted = self._jit()
+            self._jitted = {}
 
     def get(self, signature: tuple, seed, arrays: list, statics: list):
         """The executable for ``signature``, compiling it on first use."""
@@ -216,6 +236,7 @@ class Executables:
         args = [None] * len(self._slots)
         for pos, a in zip(self._tensor_pos, arrays, strict=True):
             args[pos] = a
+        jitted = self._jitted_for(tuple(self._tensor_pos[k] for k in zero_positions(arrays)))
         it = iter(statics)
         for i in range(len(args)):
             if i not in self._tensor_pos:
@@ -242,8 +263,8 @@ class Executables:
                     per_input[p] = where
             batch = jax.sharding.NamedSharding(self.plan.mesh, self.plan.inputs)
             with input_shardings(per_input, batch):
-                return self._jitted.trace(seed, *args)
-        return self._jitted.trace(seed, *args)
+                return jitted.trace(seed, *args)
+        return jitted.trace(seed, *args)
 
     def record_build(self, signature: tuple, traced, lowered, seconds: float) -> str:
         """Note one executable built (for ``report()`` and ``dump_dir``); returns why."""
@@ -263,7 +284,7 @@ class Executables:
             return "first call"
         prev = self.builds[-1].signature
         changed = [
-            f"input {i}: {_fmt(a)} -> {_fmt(b)}"
+            f"input {i}: {fmt_spec(a)} -> {fmt_spec(b)}"
             for i, (a, b) in enumerate(zip(prev[0], signature[0], strict=True))
             if a != b
         ]
@@ -271,6 +292,11 @@ class Executables:
             f"scalar {i}: {a!r} -> {b!r}"
             for i, (a, b) in enumerate(zip(prev[1], signature[1], strict=True))
             if a != b
+        ]
+        zeros, prev_zeros = zeros_of(signature), zeros_of(prev)
+        changed += [
+            f"input {i}: " + ("all zeros" if i in zeros else "no longer all zeros")
+            for i in sorted(set(zeros) ^ set(prev_zeros))
         ]
         if len(self.entries) >= self.max_entries:
             changed.append("(an older executable was evicted: max_executables reached)")
@@ -323,11 +349,6 @@ def compile_progress(name: str, ops: int):
             )
 
 
-def _fmt(spec) -> str:
-    shape, dtype = spec
-    return f"{dtype}{list(shape)}"
-
-
 class CompiledGraph:
     """The callable handed back to AOTAutograd for one graph (boxed calling convention).
 
@@ -375,7 +396,8 @@ class CompiledGraph:
         self._saved = frozenset(saved_outputs)
         self._bumped = bumped
         self._backward = backward
-        self._zeros: dict = {}  # residency.device_zeros: zero tangents, dying with this graph
+        self._zeros: dict = {}  # residency.device_zeros: zero inputs, dying with this graph
+        self._tangents = low.tangent_inputs
         # Per-call inputs the backward takes back unchanged (saved as they are): import once.
         self._keep = frozenset(
             low.output_plan[j][1] for j in self._saved if low.output_plan[j][0] == "input"
@@ -387,9 +409,14 @@ class CompiledGraph:
         self._views = low.view_outputs if not backward else frozenset()
         self._plain = low.plain_outputs and not saved_outputs and not self._views
         # A static graph has one signature (Dynamo's guards fix every input's shape and dtype):
-        # after the first call its executable is used without rebuilding the signature.
+        # after the first call its executable is used without rebuilding the signature. A
+        # backward has one per set of zero tangents (signatures.Zeros).
         self._static_exe = None
-        self._one_signature = not low.dynamic and len(self._tensor_inputs) == len(low.input_metas)
+        self._one_signature = (
+            not low.dynamic
+            and len(self._tensor_inputs) == len(low.input_metas)
+            and not low.tangent_inputs
+        )
         # Device-owned state (device_owned.py): whether the last call read it, so returned
         # lazy results; a backward whose forward did returns lazy gradients.
         self.lazy = False
@@ -434,8 +461,11 @@ class CompiledGraph:
             if arr is not None:
                 return arr
             if VALUES.lookup(t) is None and is_all_zeros(t):
-                # autograd filled a tangent with zeros (an output nobody differentiated): make
-                # them on the device instead of sending them
+                # autograd filled a tangent with zeros (an output nobody differentiated): a
+                # constant of the program; any other zero input is made on the device instead
+                # of being sent
+                if i in self._tangents:
+                    return Zeros(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
                 where = self.plan.replicated() if self.plan is not None else self.device
                 return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where, self._zeros)
         return device_input(
@@ -460,7 +490,7 @@ class CompiledGraph:
         arrays, statics = [], []
         for s, slot in enumerate(exes._slots):
             if s not in tensor_slots:
-                statics.append(_python_scalar(args[slot[0]]))
+                statics.append(python_scalar(args[slot[0]]))
                 continue
             if len(slot) == 1:
                 arrays.append(get(slot[0], args[slot[0]]))
@@ -479,9 +509,7 @@ class CompiledGraph:
     def _executable(self, seed, arrays: list, statics: list):
         """The executable for this call's signature (compiled on first use); kept as the only
         one when the graph can have no other."""
-        signature = (tuple((x.shape, x.dtype) for x in arrays), tuple(statics))
-        if self.plan is not None:
-            signature += (tuple(getattr(x, "sharding", None) for x in arrays),)
+        signature = signature_of(arrays, statics, shardings=self.plan is not None)
         exe = self.exes.get(signature, seed, arrays, statics)
         if self._one_signature:
             self._static_exe = exe
@@ -532,9 +560,11 @@ class CompiledGraph:
                     if i in tensor_inputs:
                         arrays.append(get(i, a))
                     else:
-                        statics.append(_python_scalar(a))
+                        statics.append(python_scalar(a))
                 args.clear()
                 exe = self._executable(seed, arrays, statics)
+            if self._tangents and zero_positions(arrays):  # constants of the executable
+                arrays = [a for a in arrays if type(a) is not Zeros]
             try:
                 if self._needs_default_device:
                     with jax.default_device(self.device):
@@ -695,44 +725,6 @@ def device_input(
     return tensor_to_host(t)
 
 
-def stacked_sharding(sharding):
-    """The sharding of a stack of arrays placed as ``sharding`` (layers unsharded)."""
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        spec = jax.sharding.PartitionSpec(None, *tuple(sharding.spec))
-        return jax.sharding.NamedSharding(sharding.mesh, spec)
-    return sharding
-
-
-def member_sharding(sharding):
-    """The sharding of one layer of a stack placed as ``sharding`` (:func:`stacked_sharding`'s
-    inverse)."""
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        spec = jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:])
-        return jax.sharding.NamedSharding(sharding.mesh, spec)
-    return sharding
-
-
-@functools.lru_cache(maxsize=64)
-def _stacker(n: int, sharding) -> object:
-    return jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=sharding)
-
-
-def stack_arrays(parts: list, device: jax.Device | None = None) -> jax.Array:
-    """``parts`` (device arrays, or host arrays that cross now) stacked on the device: on
-    ``device``, or under a sharding plan (``device=None``) each layer placed as ``parts[0]``.
-    One device copy of the members (what the program's own ``jnp.stack`` did before)."""
-    if device is not None:
-        sharding = jax.sharding.SingleDeviceSharding(device)
-    else:
-        sharding = stacked_sharding(parts[0].sharding)
-    return _stacker(len(parts), sharding)(*parts)
-
-
-def clear_stackers() -> None:
-    """Drop the jitted stack functions of stacked state (``tpu_inductor.reset``)."""
-    _stacker.cache_clear()
-
-
 def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tensor | None:
     """One result back on the host, recorded so a later graph can take it back for free."""
     if not isinstance(arr, jax.Array):
@@ -773,16 +765,3 @@ def with_layout(t: torch.Tensor, layout, position: int) -> torch.Tensor:
 
 def _fmt_tensor(t: torch.Tensor) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-
-
-def _python_scalar(v):
-    """SymInts/SymFloats that reach a graph are concrete here; make them plain Python."""
-    if isinstance(v, torch.SymInt):
-        return int(v)
-    if isinstance(v, torch.SymFloat):
-        return float(v)
-    if isinstance(v, torch.SymBool):
-        return bool(v)
-    if isinstance(v, torch.Tensor):
-        return v.item()
-    return v

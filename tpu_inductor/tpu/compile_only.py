@@ -25,7 +25,10 @@ from jax.sharding import SingleDeviceSharding
 
 from tpu_inductor.core.dtypes import JAX_TO_TORCH, to_jax_dtype
 from tpu_inductor.core.shapes import bind, concrete
-from tpu_inductor.runtime.call import Executables, _python_scalar, stacked_sharding
+from tpu_inductor.runtime.call import Executables
+from tpu_inductor.runtime.residency import ZERO_CHECK_BYTES, is_all_zeros
+from tpu_inductor.runtime.signatures import Zeros, python_scalar, signature_of
+from tpu_inductor.runtime.stacks import stacked_sharding
 from tpu_inductor.tpu import programs
 from tpu_inductor.tpu.targets import Target
 
@@ -84,13 +87,11 @@ class TargetGraph:
         specs, statics = [], []
         for i, a in enumerate(inputs):
             if i in self._tensor_inputs:
-                specs.append(self._spec(a))
+                zero = i in self.lowered.tangent_inputs and _zero_tangent(a)
+                specs.append(_zeros(a) if zero else self._spec(a))
             else:
-                statics.append(_python_scalar(a))
-        signature = (
-            tuple((s.shape, s.dtype, s.sharding) for s in specs),
-            tuple(statics),
-        )
+                statics.append(python_scalar(a))
+        signature = signature_of(specs, statics, shardings=True)
         program = self._seen.get(signature)
         if program is None:
             program = self._compile(signature, specs, statics, self._values(inputs, specs))
@@ -104,6 +105,8 @@ class TargetGraph:
         values = []
         tensors = [i for i in range(len(inputs)) if i in self._tensor_inputs]
         for i, spec in zip(tensors, specs, strict=True):
+            if type(spec) is Zeros:  # a constant of the program, not an argument
+                continue
             t = inputs[i]
             if isinstance(t, torch.nn.Parameter):
                 kind = "parameter"
@@ -134,9 +137,8 @@ class TargetGraph:
                 error = e
         seconds = time.perf_counter() - start
         exes.misses += 1
-        if lowered is not None:
-            build_signature = (tuple(s[:2] for s in signature[0]), signature[1])
-            exes.record_build(build_signature, traced, lowered, seconds)
+        if lowered is not None:  # as the runtime's signature: no shardings
+            exes.record_build(signature[:2] + signature[3:], traced, lowered, seconds)
         donated = [packed[exes._tensor_pos.index(s)] for s in exes._donated_slots]
         out_info = exes.unpack(list(traced.out_info), _member_spec)
         role = programs.cache_role(self.role, self.lowered, out_info)
@@ -150,7 +152,7 @@ class TargetGraph:
             role=role,
             target=self.target,
             chips=1 if self.plan is None else self.plan.mesh.devices.size,
-            inputs=packed,
+            inputs=[a for a in packed if type(a) is not Zeros],
             out_info=traced.out_info,
             compiled=compiled,
             error=error,
@@ -202,6 +204,23 @@ def _stacked_spec(members: list) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(
         (len(members), *first.shape), first.dtype, sharding=stacked_sharding(first.sharding)
     )
+
+
+def _zeros(t) -> Zeros:
+    return Zeros(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
+
+
+def _zero_tangent(t) -> bool:
+    """Whether a backward's tangent is autograd's zeros for an output nobody differentiated, as
+    the runtime decides it (``CompiledGraph._input``): by its values on the CPU; on ``meta``,
+    where there are none, any tangent the runtime would check (autograd materializes zeros
+    there too; a meta gradient a user passes for a big output is taken as zeros)."""
+    t = getattr(t, "_inner", t)  # a DeviceTensor's data
+    if not isinstance(t, torch.Tensor) or t.is_complex():
+        return False
+    if t.device.type == "meta":
+        return t.numel() * t.element_size() >= ZERO_CHECK_BYTES
+    return is_all_zeros(t)
 
 
 def _concrete_inputs(low, specs: Sequence, statics: Sequence) -> list:
