@@ -103,6 +103,30 @@ def test_pad_to_detects_unsafe_padding_and_falls_back_to_exact_shapes():
     assert sum(issubclass(w.category, PaddingWarning) for w in rec) == 1
 
 
+def test_pad_to_leaves_training_graphs_exact():
+    """A training step under ``pad_to``: eager's gradients at every size, no padding warning
+    (the backward is not padded: its exact-shape check would read the forward's saved
+    activations' host placeholders, and gave wrong gradients before)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 50)
+
+    def step(x, y):
+        logits = lin(x)
+        return nn.functional.cross_entropy(logits, y), logits
+
+    f = torch.compile(step, backend="tpu", dynamic=True, options={"pad_to": "pow2"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PaddingWarning)
+        for n in (8, 13, 21, 8):
+            x, y = torch.randn(n, 16), torch.randint(0, 50, (n,))
+            grads = []
+            for fn in (f, step):
+                lin.zero_grad()
+                fn(x, y)[0].backward()
+                grads.append([p.grad.clone() for p in lin.parameters()])
+            assert_same(grads[0], grads[1], what=f"grads at {n}")
+
+
 def test_bucket_sizes():
     assert [bucket(n, "pow2") for n in (1, 2, 3, 5, 64, 65)] == [1, 2, 4, 8, 64, 128]
     assert [bucket(n, (8, 32)) for n in (1, 8, 9, 33)] == [8, 8, 32, 33]

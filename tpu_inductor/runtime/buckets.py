@@ -96,12 +96,16 @@ def warn_padding_changed_results(name: str, signature) -> None:
 
 
 def can_pad(compiled) -> bool:
-    """Whether shape buckets apply to a compiled graph: dynamic, with no saved activations, no
-    inputs updated in place (their shapes must stay the real ones) and no scalar read from the
-    sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the bucket)."""
+    """Whether shape buckets apply to a compiled graph: dynamic, not a backward, with no saved
+    activations, no inputs updated in place (their shapes must stay the real ones) and no scalar
+    read from the sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the
+    bucket). A backward reads the forward's saved activations, which live on the device: the
+    exact-shape check, run in torch, would read their host placeholders (it did, and handed back
+    wrong gradients: tests/test_dynamic.py)."""
     low = compiled.lowered
     return (
         low.dynamic
+        and not compiled._backward
         and not compiled._saved
         and not low.mutations
         and not low.host_sizes
