@@ -34,7 +34,7 @@ from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.dtypes import to_jax_dtype
 from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
 from tpu_inductor.core.transfers import D2H, H2D, Counter
-from tpu_inductor.runtime import cache, device_owned
+from tpu_inductor.runtime import cache, device_owned, signatures
 from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.runtime.residency import (
     VALUES,
@@ -464,7 +464,7 @@ class CompiledGraph:
                 # autograd filled a tangent with zeros (an output nobody differentiated): a
                 # constant of the program; any other zero input is made on the device instead
                 # of being sent
-                if i in self._tangents:
+                if i in self._tangents and signatures.ZERO_TANGENTS:
                     return Zeros(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
                 where = self.plan.replicated() if self.plan is not None else self.device
                 return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where, self._zeros)

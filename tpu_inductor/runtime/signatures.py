@@ -10,6 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+# Whether a backward's all-zeros tangent is a constant of its program (Zeros) or, as before, an
+# array of zeros made on the device and read. Benchmarks switch it off to measure it.
+ZERO_TANGENTS = True
+
 
 @dataclasses.dataclass(frozen=True)
 class Zeros:
