@@ -68,7 +68,7 @@ ISSUE30 = [
         ],
     ),
     (
-        "log-softmax saved as its row statistics in a split step (capture/row_statistics.py)",
+        "log-softmax saved as its row statistics in a split step (capture/saved.py)",
         {"capture.aot.SPLIT_LOG_SOFTMAX": False},
         [
             ("train-f32", "ours-3prog"),

@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None):
     llama_arguments(p, hidden=1024, intermediate=2816, heads=16, kv_heads=4)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--autocast",
+        action="store_true",
+        help="float32 weights, the forward under torch.autocast to bfloat16 (the model is built on "
+        "the CPU: autocast does not apply to meta tensors)",
+    )
     p.add_argument("--plot", default=None, help="write HBM per program to this PNG")
     p.add_argument(
         "--readme-sample", action="store_true", help="the README's sample (a smaller model)"
@@ -68,9 +74,11 @@ def main(argv: list[str] | None = None):
         args = p.parse_args([*README_ARGS, *(sys.argv[1:] if argv is None else argv)])
 
     config = llama_config(args)
-    with torch.device("meta"):  # nothing is allocated
-        model = transformers.LlamaForCausalLM(config).to(getattr(torch, args.dtype))
-    ids = torch.empty(args.batch, args.seq, dtype=torch.long, device="meta")
+    device = "cpu" if args.autocast else "meta"  # on meta nothing is allocated
+    dtype = torch.float32 if args.autocast else getattr(torch, args.dtype)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+    ids = torch.zeros(args.batch, args.seq, dtype=torch.long, device=device)
 
     options = {"target": args.target}
     if args.shardings:
@@ -80,7 +88,8 @@ def main(argv: list[str] | None = None):
 
     # the training step as on a TPU: compiled model, loss.backward(), compiled AdamW
     step_model = torch.compile(model, backend="tpu", options=options)
-    loss = step_model(ids, labels=ids, use_cache=False).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+        loss = step_model(ids, labels=ids, use_cache=False).loss
     loss.backward()
     opt = torch.optim.AdamW(model.parameters())
     torch.compile(opt.step, backend="tpu", options=options)()

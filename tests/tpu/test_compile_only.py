@@ -104,7 +104,7 @@ def test_meta_model_compiles_the_same_programs_as_a_real_one():
 def test_the_logits_zero_tangent_is_no_argument_of_the_backward(device):
     """The model returns logits beside the loss; autograd hands the backward zeros as their
     gradient. The backward program takes the logits once (saved: it recomputes the
-    log-softmax from them, capture/row_statistics.py) and no tangent of their shape
+    log-softmax from them, capture/saved.py) and no tangent of their shape
     (runtime/signatures.py: Zeros), on a real model as on a meta one."""
     with torch.device(device):
         model = tiny_llama()

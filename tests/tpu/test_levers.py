@@ -7,6 +7,9 @@ measures the same switches on the full models.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,3 +149,29 @@ def test_layers_option_shrinks_the_transformers_for_one_run(tmp_path):
     assert data["sizes"]["vit"]["layers"] == 1 != before
     assert "error" not in data["rows"]["vit-train-f32"]["hand"]
     assert SIZES["vit"][1]["layers"] == before
+
+
+def test_autocast_saves_no_bf16_copy_of_the_weights(monkeypatch):
+    """A float32 Llama under bf16 autocast, compiled model + backward for v5e: with the lever,
+    the forward hands the backward no bf16 copy of a linear layer's weight (the backward casts
+    the resident float32 weight again, fused into its matmuls: capture/saved.py)."""
+    from tests.helpers import tiny_llama
+    from tpu_inductor.capture import aot
+
+    model = tiny_llama()
+    linear = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, torch.nn.Linear))
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    outputs = {}
+    for on in (False, True):
+        monkeypatch.setattr(aot, "RECAST_PARAMETERS", on)
+        torch._dynamo.reset()
+        tpu_inductor.reset()
+        cm = torch.compile(model, backend="tpu", options={"target": "v5e"})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = cm(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        (fwd,) = [p for p in programs.PROGRAMS if p.role == "forward"]
+        assert fwd.compiled, fwd.error
+        # logical bytes (XLA's buffers of these small shapes are padded to the TPU's tiles)
+        outputs[on] = sum(math.prod(o.shape) * np.dtype(o.dtype).itemsize for o in fwd.out_info)
+    assert outputs[False] - outputs[True] == linear, (outputs, linear)

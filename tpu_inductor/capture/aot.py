@@ -14,7 +14,7 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions
 
-from tpu_inductor.capture import foreach, row_statistics
+from tpu_inductor.capture import foreach, saved
 from tpu_inductor.lowering import custom_ops, leading_dims
 
 
@@ -92,17 +92,20 @@ def _builtin_decomposition_table() -> dict:
 # pointwise chains, views and transposes, instead of the forward saving their results) or
 # "default" (save every intermediate the backward reads). Benchmarks switch it to measure it.
 PARTITIONER = "min_cut"
-# Whether the min-cut partitioner sees log-softmax as its row statistics and a subtraction, so
-# the backward recomputes it from its input instead of the forward saving it
-# (capture/row_statistics.py). Benchmarks switch it off to measure it.
+# What the min-cut partitioner may have the backward recompute instead of the forward saving
+# (capture/saved.py): log-softmax from its row statistics (every platform), and autocast's casts
+# of the parameters (saved.RECAST_PLATFORMS). Benchmarks switch them off to measure them.
 SPLIT_LOG_SOFTMAX = True
+RECAST_PARAMETERS = True
 
 
 def partition_fn(platform: str | None = None) -> Callable:
     """The partition function AOTAutograd uses (see ``PARTITIONER``) for graphs that run on
     ``platform``. On a TPU the joint graph's products first read their activations unflattened
     (``lowering/leading_dims.py``), so the forward saves the ``[..., K]`` activation the weight
-    gradient contracts rather than a flattened copy of it."""
+    gradient contracts rather than a flattened copy of it; then ``capture/saved.py`` lets the
+    backward recompute log-softmax and autocast's parameter casts instead of the forward saving
+    them."""
     from torch._functorch.partitioners import (
         default_partition,
         min_cut_rematerialization_partition,
@@ -125,7 +128,9 @@ def partition_fn(platform: str | None = None) -> Callable:
             leading_dims.keep_leading_dims(joint_module)
         _save_user_outputs(joint_module, num_fwd_outputs)
         if SPLIT_LOG_SOFTMAX:
-            row_statistics.split_log_softmax(joint_module)
+            saved.split_log_softmax(joint_module)
+        if RECAST_PARAMETERS and platform in saved.RECAST_PLATFORMS:
+            saved.recast_parameters(joint_module, kwargs.get("static_lifetime_input_indices") or ())
         return min_cut_rematerialization_partition(
             joint_module, joint_inputs, "inductor", num_fwd_outputs=num_fwd_outputs, **kwargs
         )

@@ -1,8 +1,7 @@
-"""Log-softmax in a split training step (``capture/row_statistics.py``): the forward saves its
-two row statistics instead of the ``[rows, classes]`` log-probabilities, the backward recomputes
-them from the input, and loss and gradients are eager's. Measured with
-``report().graphs[i].saved_bytes`` (what the forward kept for the backward), the rewrite off
-against on."""
+"""What a split training step saves (``capture/saved.py``): log-softmax's two row statistics
+instead of the ``[rows, classes]`` log-probabilities, and under autocast no bf16 copy of the
+weights; loss and gradients are eager's. Measured with ``report().graphs[i].saved_bytes`` (what
+the forward kept for the backward), each rewrite off against on."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 import tpu_inductor
 from tests.helpers import assert_same
-from tpu_inductor.capture import aot
+from tpu_inductor.capture import aot, saved
 
 ROWS, HIDDEN, CLASSES = 12, 16, 96
 
@@ -69,3 +68,43 @@ def test_log_softmax_is_recomputed_from_its_statistics(dtype, widen, monkeypatch
     # float32 statistics per row (max and sum of exponentials) in their place
     itemsize = 4 if widen or dtype == torch.float32 else 2
     assert saved_before - saved == ROWS * CLASSES * itemsize - 2 * ROWS * 4, (saved_before, saved)
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(HIDDEN, 64), nn.Linear(64, HIDDEN)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.down(F.gelu(self.up(x))).float().square().mean()
+
+
+def _autocast_step(model, compiled: bool):
+    torch._dynamo.reset()
+    tpu_inductor.reset()
+    model = copy.deepcopy(model)
+    fn = torch.compile(model, backend="tpu", options={"fallback": "error"}) if compiled else model
+    x = torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    loss = fn(x)
+    loss.backward()
+    kept = [g.saved_bytes for g in tpu_inductor.report(False).graphs if g.name.endswith("forward")]
+    return loss.detach(), [x.grad, *(p.grad for p in model.parameters())], kept
+
+
+def test_autocast_casts_of_the_weights_are_recomputed(monkeypatch):
+    """The forward keeps no bf16 copy of a float32 weight for the backward's matmuls: the
+    backward casts the weight again (on TPUs, where XLA fuses the cast into the matmul;
+    switched on for the CPU here)."""
+    model = _MLP()
+    monkeypatch.setattr(saved, "RECAST_PLATFORMS", {"cpu", "tpu"})
+    e_loss, e_grads, _ = _autocast_step(model, compiled=False)
+    loss, grads, (kept,) = _autocast_step(model, compiled=True)
+    assert_same(loss, e_loss, atol=1e-2, rtol=1e-2)
+    assert_same(grads, e_grads, atol=1e-2, rtol=1e-2, what="grads")
+    monkeypatch.setattr(aot, "RECAST_PARAMETERS", False)
+    *_, (kept_before,) = _autocast_step(model, compiled=True)
+    # both bf16 weight copies (the input's gradient reads the first too)
+    weights = sum(m.weight.numel() for m in (model.up, model.down)) * 2
+    assert kept_before - kept == weights, (kept_before, kept)
