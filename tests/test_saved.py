@@ -70,6 +70,39 @@ def test_log_softmax_is_recomputed_from_its_statistics(dtype, widen, monkeypatch
     assert saved_before - saved == ROWS * CLASSES * itemsize - 2 * ROWS * 4, (saved_before, saved)
 
 
+def test_log_softmax_returned_by_the_model_is_saved_as_it_is(monkeypatch):
+    """A log-softmax the model returns is written anyway: it stays saved as it is (no rewrite:
+    the same bytes saved as with the rewrite off), and the gradients through it and through the
+    loss are eager's."""
+
+    def step(x, w, labels):
+        logp = torch.log_softmax(x @ w, -1)
+        return F.nll_loss(logp, labels), logp
+
+    torch.manual_seed(0)
+    x, w = torch.randn(ROWS, HIDDEN), torch.randn(HIDDEN, CLASSES, requires_grad=True)
+    labels = torch.randint(0, CLASSES, (ROWS,))
+
+    def run(fn):
+        w.grad = None
+        loss, logp = fn(x, w, labels)
+        (loss + logp.square().mean()).backward()
+        return loss.detach(), logp.detach(), w.grad
+
+    def compiled(split: bool):
+        monkeypatch.setattr(aot, "SPLIT_LOG_SOFTMAX", split)
+        torch._dynamo.reset()
+        tpu_inductor.reset()
+        out = run(torch.compile(step, backend="tpu", options={"fallback": "error"}))
+        graphs = tpu_inductor.report(False).graphs
+        return out, [g.saved_bytes for g in graphs if g.name.endswith("forward")]
+
+    expected = run(step)
+    (out, kept), (_, kept_off) = compiled(True), compiled(False)
+    assert_same(out, expected)
+    assert kept == kept_off
+
+
 class _MLP(nn.Module):
     def __init__(self):
         super().__init__()

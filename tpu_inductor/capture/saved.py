@@ -58,6 +58,8 @@ def split_log_softmax(gm: fx.GraphModule) -> int:
     for node in list(graph.nodes):
         if node.target is not aten._log_softmax.default or "val" not in node.meta:
             continue
+        if node.meta.get("recompute") is not None:  # a user output, or a checkpoint policy's
+            continue
         x, dim, half_to_float = node.args
         val = x.meta["val"]
         if val.ndim == 0 or val.shape[dim % val.ndim] == 0:  # amax refuses an empty dimension
