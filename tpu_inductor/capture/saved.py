@@ -30,19 +30,11 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from tpu_inductor.lowering.leading_dims import new_node
+
 aten = torch.ops.aten
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def _call(graph: fx.Graph, target, args: tuple, like: fx.Node, **kwargs) -> fx.Node:
-    """A node computing ``target(*args, **kwargs)`` before ``like``, with its ``meta["val"]``."""
-    with graph.inserting_before(like):
-        node = graph.call_function(target, args, kwargs)
-    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-    node.meta = {k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta")}
-    node.meta["val"] = target(*vals, **kwargs)
-    return node
 
 
 def split_log_softmax(gm: fx.GraphModule) -> int:
@@ -66,17 +58,17 @@ def split_log_softmax(gm: fx.GraphModule) -> int:
             continue
         dim = dim % val.ndim
         out_dtype = node.meta["val"].dtype
-        if x.meta["val"].dtype in _HALF:
-            x = _call(graph, aten._to_copy.default, (x,), node, dtype=torch.float32)
-        top = _call(graph, aten.amax.default, (x, [dim], True), node)
-        shifted = _call(graph, aten.sub.Tensor, (x, top), node)
-        exp = _call(graph, aten.exp.default, (shifted,), node)
-        total = _call(graph, aten.sum.dim_IntList, (exp, [dim], True), node)
-        log = _call(graph, aten.log.default, (total,), node)
-        out = _call(graph, aten.sub.Tensor, (shifted, log), node)
+        if val.dtype in _HALF:
+            x = new_node(graph, aten._to_copy.default, (x,), node, dtype=torch.float32)
+        top = new_node(graph, aten.amax.default, (x, [dim], True), node)
+        shifted = new_node(graph, aten.sub.Tensor, (x, top), node)
+        exp = new_node(graph, aten.exp.default, (shifted,), node)
+        total = new_node(graph, aten.sum.dim_IntList, (exp, [dim], True), node)
+        log = new_node(graph, aten.log.default, (total,), node)
+        out = new_node(graph, aten.sub.Tensor, (shifted, log), node)
         recomputed = [shifted, log, out]
         if out.meta["val"].dtype != out_dtype:
-            out = _call(graph, aten._to_copy.default, (out,), node, dtype=out_dtype)
+            out = new_node(graph, aten._to_copy.default, (out,), node, dtype=out_dtype)
             recomputed.append(out)
         for r in recomputed:
             r.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE

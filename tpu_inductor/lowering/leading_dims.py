@@ -126,13 +126,14 @@ def _transposed(node) -> fx.Node | None:
     return None
 
 
-def _new(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
-    """A node computing ``target(*args)`` before ``like``, with its ``meta["val"]``."""
+def new_node(graph: fx.Graph, target, args: tuple, like: fx.Node, **kwargs) -> fx.Node:
+    """A node computing ``target(*args, **kwargs)`` before ``like``, with ``like``'s metadata
+    (source line, module path) and its own ``meta["val"]``."""
     with graph.inserting_before(like):
-        node = graph.call_function(target, args)
+        node = graph.call_function(target, args, kwargs)
     vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
     node.meta = {k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta")}
-    node.meta["val"] = target(*vals)
+    node.meta["val"] = target(*vals, **kwargs)
     return node
 
 
@@ -173,21 +174,21 @@ def keep_leading_dims(gm: fx.GraphModule) -> int:
             x = _flattened(a)
             g = _flattened(_transposed(a))
             if x is not None and _shape(b) is not None:
-                new = _new(graph, matmul_leading, (x, b), node)
+                new = new_node(graph, matmul_leading, (x, b), node)
             elif g is not None and (y := _flattened(b)) is not None:
                 if _shape(g)[:-1] == _shape(y)[:-1]:
-                    new = _new(graph, mm_leading, (g, y), node)
+                    new = new_node(graph, mm_leading, (g, y), node)
         elif node.target is aten.addmm.default and not node.kwargs:
             bias, a, b, *scalars = node.args
             x = _flattened(a)
             if x is not None and _shape(bias) is not None and len(_shape(bias)) == 1:
-                new = _new(graph, addmm_leading, (bias, x, b, *scalars), node)
+                new = new_node(graph, addmm_leading, (bias, x, b, *scalars), node)
         elif node.target is aten.sum.dim_IntList and not node.kwargs:
             x = _flattened(node.args[0])
             dims = list(node.args[1]) if len(node.args) > 1 else None
             if x is not None and dims == [0]:
                 lead = list(range(len(_shape(x)) - 1))
-                new = _new(graph, aten.sum.dim_IntList, (x, lead), node)
+                new = new_node(graph, aten.sum.dim_IntList, (x, lead), node)
         if new is not None:
             flat = [a for a in node.all_input_nodes if a.target in _VIEWS or _transposed(a)]
             _replace(graph, node, new)

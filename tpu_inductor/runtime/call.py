@@ -50,6 +50,7 @@ from tpu_inductor.runtime.signatures import (
     fmt_spec,
     python_scalar,
     signature_of,
+    without_zeros,
     zero_positions,
     zeros_of,
 )
@@ -465,7 +466,7 @@ class CompiledGraph:
                 # constant of the program; any other zero input is made on the device instead
                 # of being sent
                 if i in self._tangents and signatures.ZERO_TANGENTS:
-                    return Zeros(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
+                    return Zeros.like(t)
                 where = self.plan.replicated() if self.plan is not None else self.device
                 return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where, self._zeros)
         return device_input(
@@ -564,7 +565,7 @@ class CompiledGraph:
                 args.clear()
                 exe = self._executable(seed, arrays, statics)
             if self._tangents and zero_positions(arrays):  # constants of the executable
-                arrays = [a for a in arrays if type(a) is not Zeros]
+                arrays = without_zeros(arrays)
             try:
                 if self._needs_default_device:
                     with jax.default_device(self.device):

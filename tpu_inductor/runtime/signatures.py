@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from tpu_inductor.core.dtypes import to_jax_dtype
+
 # Whether a backward's all-zeros tangent is a constant of its program (Zeros) or, as before, an
 # array of zeros made on the device and read. Benchmarks switch it off to measure it.
 ZERO_TANGENTS = True
@@ -25,7 +27,17 @@ class Zeros:
     shape: tuple
     dtype: np.dtype
 
+    @classmethod
+    def like(cls, t: torch.Tensor) -> Zeros:
+        """The zeros standing for tangent ``t``."""
+        return cls(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
+
     sharding = None  # placed nowhere: it is not an argument of the program
+
+
+def without_zeros(arrays: Sequence) -> list:
+    """A call's arrays as its executable takes them: the :class:`Zeros` are its constants."""
+    return [a for a in arrays if type(a) is not Zeros]
 
 
 def zero_positions(arrays: Sequence) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from tpu_inductor.core.shapes import bind, concrete
 from tpu_inductor.runtime import signatures
 from tpu_inductor.runtime.call import Executables
 from tpu_inductor.runtime.residency import ZERO_CHECK_BYTES, is_all_zeros
-from tpu_inductor.runtime.signatures import Zeros, python_scalar, signature_of
+from tpu_inductor.runtime.signatures import Zeros, python_scalar, signature_of, without_zeros
 from tpu_inductor.runtime.stacks import stacked_sharding
 from tpu_inductor.tpu import programs
 from tpu_inductor.tpu.targets import Target
@@ -89,13 +89,13 @@ class TargetGraph:
         for i, a in enumerate(inputs):
             if i in self._tensor_inputs:
                 zero = i in self.lowered.tangent_inputs and _zero_tangent(a)
-                specs.append(_zeros(a) if zero else self._spec(a))
+                specs.append(Zeros.like(a) if zero else self._spec(a))
             else:
                 statics.append(python_scalar(a))
         signature = signature_of(specs, statics, shardings=True)
         program = self._seen.get(signature)
         if program is None:
-            program = self._compile(signature, specs, statics, self._values(inputs, specs))
+            program = self._compile(specs, statics, self._values(inputs, specs))
             self._seen[signature] = program
         return self._placeholders(program, inputs, specs, statics)
 
@@ -120,7 +120,7 @@ class TargetGraph:
             values.append(programs.Value(programs.tensor_key(t), kind, nbytes))
         return values
 
-    def _compile(self, signature, specs: list, statics: list, values=()) -> programs.Program:
+    def _compile(self, specs: list, statics: list, values=()) -> programs.Program:
         exes = self.exes
         seed = None
         if self.lowered.has_rng:
@@ -139,7 +139,7 @@ class TargetGraph:
         seconds = time.perf_counter() - start
         exes.misses += 1
         if lowered is not None:  # as the runtime's signature: no shardings
-            exes.record_build(signature[:2] + signature[3:], traced, lowered, seconds)
+            exes.record_build(signature_of(specs, statics), traced, lowered, seconds)
         donated = [packed[exes._tensor_pos.index(s)] for s in exes._donated_slots]
         out_info = exes.unpack(list(traced.out_info), _member_spec)
         role = programs.cache_role(self.role, self.lowered, out_info)
@@ -153,7 +153,7 @@ class TargetGraph:
             role=role,
             target=self.target,
             chips=1 if self.plan is None else self.plan.mesh.devices.size,
-            inputs=[a for a in packed if type(a) is not Zeros],
+            inputs=without_zeros(packed),
             out_info=traced.out_info,
             compiled=compiled,
             error=error,
@@ -205,10 +205,6 @@ def _stacked_spec(members: list) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(
         (len(members), *first.shape), first.dtype, sharding=stacked_sharding(first.sharding)
     )
-
-
-def _zeros(t) -> Zeros:
-    return Zeros(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
 
 
 def _zero_tangent(t) -> bool:
