@@ -1,12 +1,25 @@
-"""scaled_dot_product_attention variants against CPU eager: masks, causal, grouped-query."""
+"""scaled_dot_product_attention variants against CPU eager: masks, causal, grouped-query; the
+inference forward also in the TPU's fused-softmax form (``attention.fused_softmax``), which these
+tests run on the CPU."""
 
 from __future__ import annotations
+
+import operator
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.helpers import assert_same, compiled
+from tpu_inductor.lowering.lowerings import attention
+
+
+@pytest.fixture(params=["torch", "tpu"])
+def form(request, monkeypatch):
+    """Which form of attention the CPU compiles: torch's, or the TPU's (fused softmax)."""
+    if request.param == "tpu":
+        monkeypatch.setattr(attention, "FUSED_SOFTMAX_PLATFORMS", ("tpu", "cpu"))
+    return request.param
 
 
 @pytest.mark.parametrize(
@@ -20,6 +33,8 @@ from tests.helpers import assert_same, compiled
         (2, False, "bool"),  # grouped heads, a mask shared by every head
         (2, False, "float-per-head"),  # grouped heads, one mask per query head
         (1, True, "float"),
+        (4, False, "bool-empty-row"),
+        (2, True, "float-empty-row"),
     ],
 )
 def test_sdpa_forward_and_backward(kv_heads, causal, mask):
@@ -27,14 +42,7 @@ def test_sdpa_forward_and_backward(kv_heads, causal, mask):
     q = torch.randn(2, 4, 6, 8, requires_grad=True)
     k = torch.randn(2, kv_heads, 6, 8, requires_grad=True)
     v = torch.randn(2, kv_heads, 6, 8, requires_grad=True)
-    attn_mask = None
-    if mask == "bool":
-        attn_mask = torch.rand(6, 6) > 0.3
-        attn_mask[:, 0] = True  # no fully masked row
-    elif mask == "float":
-        attn_mask = torch.randn(2, 1, 6, 6)
-    elif mask == "float-per-head":
-        attn_mask = torch.randn(2, 4, 6, 6)
+    attn_mask = _mask(mask)
 
     def fn(q, k, v):
         return F.scaled_dot_product_attention(
@@ -47,6 +55,59 @@ def test_sdpa_forward_and_backward(kv_heads, causal, mask):
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
     assert_same(grads, ref_grads)
+
+
+def _mask(mask):
+    """An attention mask of ``[2, 4, 6, 6]`` scores by name."""
+    attn_mask = None
+    if mask == "bool":
+        attn_mask = torch.rand(6, 6) > 0.3
+        attn_mask[:, 0] = True  # no fully masked row
+    elif mask == "float":
+        attn_mask = torch.randn(2, 1, 6, 6)
+    elif mask == "float-per-head":
+        attn_mask = torch.randn(2, 4, 6, 6)
+    elif mask == "bool-empty-row":  # a query that sees no key: output 0, no NaN
+        attn_mask = torch.rand(6, 6) > 0.3
+        attn_mask[:, 0], attn_mask[2] = True, False
+    elif mask == "float-empty-row":
+        attn_mask = torch.randn(2, 1, 6, 6)
+        attn_mask[:, :, 3] = -float("inf")
+    return attn_mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "kv_heads,causal,mask",
+    [
+        (4, True, None),
+        (4, False, None),
+        (2, True, None),
+        (4, False, "bool"),
+        (2, False, "float-per-head"),
+        (4, False, "bool-empty-row"),
+        (2, True, "float-empty-row"),
+    ],
+)
+def test_sdpa_inference(kv_heads, causal, mask, dtype, form):
+    """The inference forward (nothing reads the logsumexp): on a TPU the fused-softmax form."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, dtype=dtype)
+    k, v = (torch.randn(2, kv_heads, 6, 8, dtype=dtype) for _ in range(2))
+    attn_mask = _mask(mask)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(dtype)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=kv_heads != 4
+        )
+
+    with torch.no_grad():
+        out = compiled(fn)(q, k, v)
+    ref = fn(q, k, v)
+    tol = {} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    assert_same(out, ref, **tol)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
@@ -90,3 +151,32 @@ def test_fused_cpu_attention_with_dropout_is_refused_up_front():
     with pytest.warns(tpu_inductor.FallbackWarning), pytest.raises(RuntimeError) as info:
         torch.compile(fn, backend="tpu")(q)
     assert str(eager.value) in str(info.value)
+
+
+def test_fused_softmax_only_where_the_logsumexp_is_not_read():
+    """A TPU lowers a bf16 inference attention in the fused-softmax form (its jaxpr has no
+    guarded row max); float32, a training forward (its logsumexp saved) and every other platform
+    get torch's."""
+    import jax
+
+    from tpu_inductor.lowering.lowerings.registry import LoweringContext
+
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    out = graph.call_function(operator.getitem, (node, 0))
+    graph.output(out)
+
+    def fused(platform, dtype=jax.numpy.bfloat16):
+        ctx = LoweringContext(node, None, (), platform=platform)
+        query = jax.numpy.zeros((1, 2, 4, 8), dtype)
+        return attention.fused_softmax(ctx, query, attention._reads_second_output(node))
+
+    assert fused("tpu") and not fused("cpu") and not fused(None)
+    assert not fused("tpu", jax.numpy.float32)
+    graph.call_function(operator.getitem, (node, 1))  # the logsumexp, read
+    assert not fused("tpu")
+
+    q = k = v = jax.numpy.ones((1, 2, 4, 8))
+    for on in (False, True):
+        jaxpr = jax.make_jaxpr(lambda *a, on=on: attention.attention(*a, is_causal=True, fused=on))
+        assert ("is_finite" in str(jaxpr(q, k, v))) is not on

@@ -8,6 +8,7 @@ Half-precision inputs compute the softmax in float32, like torch's CPU kernels.
 from __future__ import annotations
 
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -15,34 +16,81 @@ import torch
 from jax import lax
 
 from tpu_inductor.lowering.lowerings.nn import layer_norm
-from tpu_inductor.lowering.lowerings.registry import accumulate_in, register_lowering, upcast
+from tpu_inductor.lowering.lowerings.registry import (
+    accumulate_in,
+    matmul_precision,
+    register_lowering,
+    upcast,
+)
 
 aten = torch.ops.aten
 
 
 # --- 1. scaled dot-product attention --------------------------------------------------------------
 
+# The platforms that get attention's fused-softmax form (fused_softmax); a switch, so that tests
+# run that form on the CPU against eager.
+FUSED_SOFTMAX_PLATFORMS = ("tpu",)
 
-def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None, platform=None):
+
+def fused_softmax(ctx, query, reads_lse: bool) -> bool:
+    """Whether attention is lowered in the fused-softmax form (:func:`attention`): on the
+    platforms of ``FUSED_SOFTMAX_PLATFORMS``, for bfloat16 queries, where nothing reads the
+    logsumexp (inference).
+
+    NOTE: where the form moved more bytes than torch's (v5e, compile only, ``python -m
+    benchmarks.tpu_programs --layers 1 --only ... --contenders ours-1prog,ours-3prog``):
+    a training forward, which saves the logsumexp for the backward (bf16 one-program steps:
+    Llama 973.2 -> 987.2 MB, ViT 559.0 -> 571.8, BERT 848.5 -> 858.9); float32, whose products
+    ask for ``Precision.HIGHEST`` and are not fused either way (Llama inference 279.3 -> 296.0
+    MB, BERT 332.3 -> 332.2).
+    """
+    return (
+        ctx.platform in FUSED_SOFTMAX_PLATFORMS
+        and jnp.dtype(query.dtype) == jnp.bfloat16
+        and not reads_lse
+    )
+
+
+def _reads_second_output(node) -> bool:
+    """Whether anything reads a multi-output node's second output (or the whole tuple)."""
+    users = getattr(node, "users", ())
+    return not all(u.target is operator.getitem and u.args[1] == 0 for u in users)
+
+
+def attention(
+    q, k, v, attn_mask=None, is_causal=False, scale=None, precision=None, platform=None, fused=False
+):
     """Scaled dot-product attention (math form) returning output and float32 logsumexp.
 
-    With heads (``[..., H, L, E]``), the matmuls run over ``[..., L, heads, E]`` views: attention
-    code makes its ``[.., H, L, E]`` tensors as ``linear(x).view(.., L, H, E).transpose(1, 2)``,
-    so XLA cancels that transpose against this one, and the output transposed back by the caller
-    cancels too; without it, the head split below would copy transposed Q, K, V and outputs.
+    Two forms, the same numbers up to rounding (``platform`` is the device it compiles for):
+
+    - **torch's form**: the matmuls run over ``[..., L, heads, E]``
+      views: attention code makes its ``[.., H, L, E]`` tensors as
+      ``linear(x).view(.., L, H, E).transpose(1, 2)``, so XLA cancels that transpose against this
+      one, and the output transposed back by the caller cancels too. The (unnormalized)
+      probabilities go back to the input dtype for ``P @ V`` and the output is divided by the
+      row sums after it, as torch's CPU flash kernel computes (bfloat16: mean error against
+      torch's kernel 3e-5).
+    - **the fused-softmax form** (``fused``, :func:`_fused_softmax`): ``[..., kv_heads, group,
+      L, E]`` and the probabilities normalized before ``P @ V``, as
+      ``jax.nn.dot_product_attention`` computes. In this form XLA:TPU makes the scores, row max,
+      exponentials and row sums one fusion and the normalization part of ``P @ V``'s; torch's
+      form costs a second pass over the float32 scores. :func:`fused_softmax` says where it is
+      used.
 
     Grouped-query attention (fewer key/value heads than query heads, as torch's CPU kernels
     accept) groups the query heads by key/value head instead of repeating the key/value heads:
     the repeat would be a materialized ``[..., heads, S, E]`` copy (and its gradient a sum) in
     every program, forward and backward.
 
-    Half-precision inputs are multiplied as they are with float32 accumulation, the softmax is
-    float32, and its (unnormalized) probabilities go back to the input dtype for ``P @ V``, as
-    torch's CPU flash kernel does, so no float32 copy of Q, K, V or P is made (bfloat16: mean
-    error against torch's kernel 3e-5, against 1.6e-4 with float32 probabilities).
-    ``platform`` is the device it compiles for (:func:`_matmul`).
+    Half-precision inputs are multiplied as they are with float32 accumulation and the softmax is
+    float32, so no float32 copy of Q, K, V or P is made. Rows that see nothing (every key masked)
+    give 0 and a logsumexp of -inf, as torch's kernels do.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if fused and q.ndim >= 3:
+        return _fused_softmax(q, k, v, attn_mask, is_causal, scale, precision, platform)
     L, S = q.shape[-2], k.shape[-2]
     headed = q.ndim >= 3
     if headed:
@@ -72,6 +120,54 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, precision=No
     return out.astype(q.dtype), lse.astype(jnp.float32)
 
 
+def _fused_softmax(q, k, v, attn_mask, is_causal: bool, scale: float, precision, platform):
+    """:func:`attention`'s fused-softmax form: ``[..., kv_heads, group, L, E]`` queries against
+    ``[..., kv_heads, S, E]`` keys, masked positions zeroed in the exponentials (not by guarding
+    the row max), and the probabilities normalized before ``P @ V``.
+
+    NOTE: each of the three is needed, and bf16 operands must not ask for ``Precision.HIGHEST``
+    (``registry.matmul_precision``). Measured on v5e, compile only: a bf16 block of Q, K, V
+    projections, SDPA over ``[4, 8, 256, 64]`` and the output projection (``nn.Linear``, as
+    attention code writes it), bytes accessed of its inference program: torch's form 48.5 MB
+    (48.7 causal), this form 40.0 (40.2), this form at ``HIGHEST`` 65.2 (65.4), the same block
+    with ``jax.nn.dot_product_attention`` 40.0 (40.1); XLA's cycle estimate 106 k -> 69 k. In
+    JAX alone (same block): ``[..., L, kv_heads, group, E]`` with the other two 48.6 MB; the row
+    max guarded instead 48.6-65.0 MB; normalized after ``P @ V`` 48.5-61.6 MB. Rounding the
+    normalized probabilities to bf16 differs more from torch's kernel (mean 2e-4 against 3e-5
+    at unit-variance inputs); from float64 the error is 1.1x torch's own.
+
+    NOTE: at head dimension 128 this form moves more bytes than torch's, as JAX's attention does,
+    and XLA still estimates fewer cycles. Same block, ``[4, heads, 256, 128]``: 4 heads 44.3 MB
+    against torch's form 35.9 and JAX's 44.2 (cycles 67 k against 86 k); 8 heads 105.2 against
+    88.5 and 105.1 (124 k against 160 k); 2 heads 23.3 against 16.5 and 14.3 (layout copies of
+    Q and K; 38 k against 50 k). Head dimensions 32, 64 and 256: within 0.3% of JAX's bytes.
+    """
+    L, S, heads, kv_heads = q.shape[-2], k.shape[-2], q.shape[-3], k.shape[-3]
+    q = q.reshape(*q.shape[:-3], kv_heads, heads // kv_heads, L, q.shape[-1])
+    mask = _grouped_mask(attn_mask, q.ndim, heads, kv_heads)
+    dot = _matmul(precision, platform, q.dtype, k.dtype)
+    s = _mask_scores(dot("...hgle,...hse->...hgls", q, k) * scale, mask, is_causal, L, S)
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - m)
+    seen = _seen(mask, is_causal, L, S)
+    if seen is not None:  # rows that see nothing: exp(-inf - -inf) is NaN
+        e = jnp.where(seen, e, 0)
+    z = jnp.sum(e, axis=-1, keepdims=True)
+    out = dot("...hgls,...hse->...hgle", (e / jnp.where(z == 0, 1, z)).astype(v.dtype), v)
+    lse = (m + jnp.log(z))[..., 0]
+    out = out.reshape(*out.shape[:-4], heads, L, out.shape[-1])
+    return out.astype(q.dtype), lse.reshape(*lse.shape[:-3], heads, L).astype(jnp.float32)
+
+
+def _seen(mask, is_causal: bool, L: int, S: int):
+    """Where a score can be finite after :func:`_mask_scores` (``None``: everywhere)."""
+    seen = jnp.tril(jnp.ones((L, S), jnp.bool_)) if is_causal else None
+    if mask is not None:
+        allowed = mask if mask.dtype == jnp.bool_ else mask != -jnp.inf
+        seen = allowed if seen is None else seen & allowed
+    return seen
+
+
 def _matmul(precision, platform: str | None, *dtypes):
     """``einsum(subscripts, a, b)`` for attention: half-precision operands accumulate in float32.
 
@@ -86,7 +182,8 @@ def _matmul(precision, platform: str | None, *dtypes):
     def dot(subscripts, a, b):
         if widen:
             a, b = upcast(a), upcast(b)
-        return jnp.einsum(subscripts, a, b, precision=precision, preferred_element_type=acc)
+        prec = matmul_precision(precision, a, b)
+        return jnp.einsum(subscripts, a, b, precision=prec, preferred_element_type=acc)
 
     return dot
 
@@ -134,7 +231,15 @@ def sdpa_flash_cpu(
 ):
     # NOTE: dropout_p > 0 is refused at registration (unsupported.REFUSED): eager runs it.
     out, lse = attention(
-        query, key, value, attn_mask, is_causal, scale, ctx.precision, ctx.platform
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        ctx.precision,
+        ctx.platform,
+        fused=fused_softmax(ctx, query, _reads_second_output(ctx.node)),
     )
     return out, lse.astype(ctx.out_dtype(1))
 
@@ -253,7 +358,8 @@ def transformer_encoder_layer_fwd(
             else:  # (L, S) or (B, H, L, S)
                 m = mask
             m = ~m if m.dtype == jnp.bool_ else m
-        o, _ = attention(q, k, v, m, False, None, prec, ctx.platform)
+        fused = fused_softmax(ctx, q, reads_lse=False)  # an inference op
+        o, _ = attention(q, k, v, m, False, None, prec, ctx.platform, fused)
         return lin(o.transpose(0, 2, 1, 3).reshape(B, L, E), proj_weight, proj_bias)
 
     act = (lambda h: jax.nn.gelu(h, approximate=False)) if use_gelu else jax.nn.relu

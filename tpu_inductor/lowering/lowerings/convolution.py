@@ -97,7 +97,7 @@ def convolution(
         transposed,
         output_padding,
         groups,
-        ctx.precision,
+        ctx.matmul_precision(input, weight),
     )
 
 
@@ -119,10 +119,10 @@ def convolution_backward(
     groups,
     output_mask,
 ):
+    prec = ctx.matmul_precision(input, weight)
+
     def f(x, w):
-        return conv(
-            x, w, None, stride, padding, dilation, transposed, output_padding, groups, ctx.precision
-        )
+        return conv(x, w, None, stride, padding, dilation, transposed, output_padding, groups, prec)
 
     _, vjp = jax.vjp(f, input, weight)
     gx, gw = vjp(grad_output.astype(input.dtype))
@@ -179,7 +179,7 @@ def _weight_grad_by_patches(grad_output, input, weight, stride, padding, dilatio
         g,
         patches,
         (((0, *spatial), (0, *spatial)), ((), ())),
-        precision=ctx.precision,
+        precision=ctx.matmul_precision(g, patches),
         preferred_element_type=accumulate_in(weight.dtype),
     )
     return gw.reshape(weight.shape).astype(weight.dtype)

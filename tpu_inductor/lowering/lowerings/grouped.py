@@ -15,7 +15,11 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_inductor.lowering.lowerings.registry import accumulate_in, register_lowering
+from tpu_inductor.lowering.lowerings.registry import (
+    accumulate_in,
+    matmul_precision,
+    register_lowering,
+)
 
 aten = torch.ops.aten
 
@@ -24,22 +28,6 @@ def _group_sizes(offs):
     """Group sizes from cumulative group ends (int32, as ``ragged_dot`` wants them)."""
     offs = offs.astype(jnp.int32)
     return jnp.diff(offs, prepend=jnp.zeros((1,), jnp.int32))
-
-
-def _precision(precision, a, b):
-    """The matmul precision to give ``ragged_dot_general``: none for bfloat16 x bfloat16.
-
-    A bfloat16 product is exact in the float32 accumulator at any precision, so the setting
-    changes no value; but libtpu 0.0.42.1 lowers a ragged dot to a Mosaic kernel, and a
-    bfloat16 one asked for ``Precision.HIGHEST`` (the ``"highest"`` default) is refused:
-    ``Mosaic failed to compile TPU kernel: Bad lhs type`` (its ``tpu.matmul`` of
-    ``vector<128x128xbf16>`` at ``contract_precision<fp32>``). That refused every bfloat16 MoE
-    training step (Qwen3-MoE: issue 28). Measured on v5p, (256, 128) x (8, 128, 128): HIGHEST
-    refused, the default compiles; float16 and float32 compile at HIGHEST.
-    """
-    if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:
-        return None
-    return precision
 
 
 def _dims(contract, ragged, group):
@@ -63,10 +51,10 @@ def ragged_mm(a, b, offs, precision, out):
     - 3d x 3d: ``(G, M, K) x (G, K, N) -> (G, M, N)``: a batched product, no ``offs``.
 
     Half-precision inputs accumulate in float32 and are rounded once. ``precision`` applies to
-    float32 (and float16) operands only: see :func:`_precision`.
+    float32 (and float16) operands only: see ``registry.matmul_precision``.
     """
     pref = accumulate_in(a.dtype, b.dtype)
-    kw = dict(precision=_precision(precision, a, b), preferred_element_type=pref)
+    kw = dict(precision=matmul_precision(precision, a, b), preferred_element_type=pref)
     if a.ndim == 3 and b.ndim == 3:
         prod = lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,))), **kw)
         return prod.astype(out)

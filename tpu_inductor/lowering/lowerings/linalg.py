@@ -59,7 +59,8 @@ def _dtypes(ctx):
 
 def _mm(ctx, a, b):
     out, pref = _dtypes(ctx)
-    return jnp.matmul(a, b, precision=ctx.precision, preferred_element_type=pref).astype(out)
+    prec = ctx.matmul_precision(a, b)
+    return jnp.matmul(a, b, precision=prec, preferred_element_type=pref).astype(out)
 
 
 # Products over leading dimensions, which lowering/leading_dims.py puts where a graph flattens
@@ -122,7 +123,8 @@ def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
     half = out in HALF
     if half:
         # Like torch's CPU gemm: beta * self + alpha * product in float32, rounded once.
-        prod = jnp.matmul(mat1, mat2, precision=ctx.precision, preferred_element_type=jnp.float32)
+        prec = ctx.matmul_precision(mat1, mat2)
+        prod = jnp.matmul(mat1, mat2, precision=prec, preferred_element_type=jnp.float32)
         self = self.astype(jnp.float32)
     else:
         prod = _mm(ctx, mat1, mat2)
@@ -140,7 +142,8 @@ def _mm_leading(ctx, a, b):
     out, pref = _dtypes(ctx)
     lead = tuple(range(a.ndim - 1))
     dims = ((lead, lead), ((), ()))
-    product = lax.dot_general(a, b, dims, precision=ctx.precision, preferred_element_type=pref)
+    prec = ctx.matmul_precision(a, b)
+    product = lax.dot_general(a, b, dims, precision=prec, preferred_element_type=pref)
     return product.astype(out)
 
 

@@ -56,6 +56,10 @@ class LoweringContext:
         """The node's ``meta["val"]``: a FakeTensor, or a tuple of them."""
         return self.node.meta.get("val")
 
+    def matmul_precision(self, *operands):
+        """:func:`matmul_precision` of ``operands`` at this graph's float32 precision."""
+        return matmul_precision(self.precision, *operands)
+
     def out_dtype(self, index: int | None = None):
         """The JAX dtype torch gives this node's output (``index`` for multi-output ops)."""
         val = self.out if index is None else self.out[index]
@@ -309,6 +313,31 @@ def accumulate_in(*dtypes):
     """``preferred_element_type`` of a matmul or convolution over ``dtypes``: float32 when one is
     float16/bfloat16 (accumulate like torch's opmath), else ``None`` (the inputs' own)."""
     return jnp.float32 if any(d in HALF for d in dtypes) else None
+
+
+def matmul_precision(precision, *operands):
+    """The ``precision`` to give a matmul or convolution of ``operands``: none when every operand
+    is bfloat16, else ``precision`` (the user's float32 matmul precision, ``ctx.precision``).
+
+    A bfloat16 product is exact in the float32 accumulator at any precision, so the setting changes
+    no value on any backend; but XLA:TPU treats an operand asked for ``Precision.HIGHEST`` as a
+    multi-pass float32 product:
+
+    - it does not fuse that matmul into its consumer. The bf16 attention scores: the scores were
+      written out and read back by the softmax fusion, 65.2 MB against 40.0 MB for one bf16
+      ``[4, 8, 256, 64]`` attention between its projections (v5e, compile only;
+      ``attention._fused_softmax`` has the setup);
+    - libtpu 0.0.42.1 refuses a bf16 ragged dot asked for it: ``Mosaic failed to compile TPU
+      kernel: Bad lhs type`` (its ``tpu.matmul`` of ``vector<128x128xbf16>`` at
+      ``contract_precision<fp32>``), which refused every bfloat16 MoE training step (Qwen3-MoE:
+      issue 28; measured on v5p, (256, 128) x (8, 128, 128); float16 and float32 compile at
+      HIGHEST).
+
+    float16 keeps ``precision``: its 11-bit significands do not fit one bfloat16 pass.
+    """
+    if operands and all(jnp.dtype(o.dtype) == jnp.bfloat16 for o in operands):
+        return None
+    return precision
 
 
 def jdt(dtype: torch.dtype | None, default=None):
