@@ -60,6 +60,7 @@ def analyze(compiled, spaces: dict | None = None) -> dict:
     ``tpu_inductor.tpu.programs``, which reads the same analyses). ``spaces``: its bytes per
     memory space (``compile_jitted``): the HBM peak is then the buffer assignment's HBM plus
     code, as ``Program.peak_bytes`` counts it."""
+    from tpu_inductor.tpu.hlo import hbm_bytes
     from tpu_inductor.tpu.programs import memory_of, peak_of
 
     text = compiled.as_text()
@@ -73,6 +74,7 @@ def analyze(compiled, spaces: dict | None = None) -> dict:
     summary = hlo_summary(text)
     return {
         "bytes": float(cost.get("bytes accessed", 0.0)),
+        "hbm_bytes": hbm_bytes(text),
         "flops": float(cost.get("flops", 0.0)),
         "hbm_peak": int(peak_of(m)),  # as Program.peak_bytes counts it
         "arguments": int(m["argument"]),

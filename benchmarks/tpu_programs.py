@@ -144,6 +144,7 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
     import tpu_inductor
     from tpu_inductor.core.dtypes import to_jax_dtype
     from tpu_inductor.tpu import programs as recorded
+    from tpu_inductor.tpu.hlo import hbm_bytes
 
     model_name, kind, dtype_name = parse_workload(workload)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -199,6 +200,7 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
                 "name": p.name,
                 "kind": p.role,
                 "bytes": p.bytes_accessed,
+                "hbm_bytes": hbm_bytes(p.hlo_text),
                 "flops": p.flops,
                 "hbm_peak": int(p.peak_bytes),
                 "arguments": m["argument"],
@@ -543,25 +545,34 @@ def _mb(x: float) -> str:
     return f"{x / 1e6:,.1f}"
 
 
+def _hbm_mb(t: dict) -> str:
+    return "-" if t["hbm_bytes"] is None else _mb(t["hbm_bytes"])
+
+
+def _hbm_ratio(r: dict | None) -> str:
+    return f"{r['hbm_bytes']:.2f}x" if r and "hbm_bytes" in r else "-"
+
+
 def table(data: dict) -> str:
     """A Markdown table: per workload and contender, the step's figures and ours/hand."""
     lines = [
-        "| workload | program(s) | bytes accessed (MB) | GFLOP | HBM peak (MB) | "
-        "TPU compile CPU s | top-level copies | ours/hand: bytes, FLOPs, HBM, compile |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | program(s) | bytes accessed (MB) | HBM traffic (MB) | GFLOP | "
+        "HBM peak (MB) | TPU compile CPU s | top-level copies | "
+        "ours/hand: bytes, FLOPs, HBM, compile | ours/hand: HBM traffic |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, by in data["rows"].items():
         for contender, res in by.items():
             if "error" in res:
-                lines.append(f"| {workload} | {contender}: {_failed(res)} | | | | | | |")
+                lines.append(f"| {workload} | {contender}: {_failed(res)} | | | | | | | | |")
                 continue
             t = totals(res)
             r = data.get("derived", {}).get(workload, {}).get(contender)
             ratios = ", ".join(f"{r[k]:.2f}x" for k in RATIO_KEYS) if r else "(reference)"
             lines.append(
                 f"| {workload} | {contender} ({t['programs']}) | {_mb(t['bytes'])} | "
-                f"{t['flops'] / 1e9:.2f} | {_mb(t['hbm_peak'])} | {t['compile_cpu_s']:.1f} | "
-                f"{t['copies']} | {ratios} |"
+                f"{_hbm_mb(t)} | {t['flops'] / 1e9:.2f} | {_mb(t['hbm_peak'])} | "
+                f"{t['compile_cpu_s']:.1f} | {t['copies']} | {ratios} | {_hbm_ratio(r)} |"
             )
     return "\n".join(lines)
 
@@ -607,8 +618,11 @@ def readme_block(
         f"Models: {describe(_measured(data['sizes'], data['rows']), data['batch'])}. "
         "float32 matmuls and convolutions at HIGHEST on both sides. "
         "Bytes and FLOPs are XLA's `cost_analysis` of each program, summed over a step's "
-        "programs; HBM peak is the HBM of XLA's buffer assignment (arguments + outputs - "
-        "donated + temporaries) + code, on-chip VMEM not counted (rows measured before "
+        "programs; HBM traffic is what those programs' top-level ops read from and write to "
+        "HBM (`tpu_inductor.tpu.hlo.hbm_bytes`: bytes accessed without the values XLA keeps "
+        "in on-chip memory, and each prefetch into it counted once; rows measured before "
+        "2026-12-07 lack it); HBM peak is the HBM of XLA's buffer assignment (arguments + "
+        "outputs - donated + temporaries) + code, on-chip VMEM not counted (rows measured before "
         "2026-12-06 took `memory_analysis`, which counts VMEM for some programs); for a split "
         "step, the largest program's plus the state it leaves on the chip; "
         "compile is CPU seconds (hand: tracing, lowering and TPU compile; ours: the whole call, "
@@ -616,9 +630,9 @@ def readme_block(
         "`--hand-from` reuses hand-written rows of an earlier run of the same sizes and target.",
         "",
         *_earlier_lines(data),
-        "| workload | contender | programs | bytes accessed | GFLOP | HBM peak | compile CPU s "
-        "| top-level copies | bytes | FLOPs | HBM | compile |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | contender | programs | bytes accessed | HBM traffic | GFLOP | HBM peak "
+        "| compile CPU s | top-level copies | bytes | HBM traffic | FLOPs | HBM | compile |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for workload, by in data["rows"].items():
         for contender, res in by.items():
@@ -627,13 +641,15 @@ def readme_block(
             if "-infer-" in f"-{workload}" and contender != "hand":
                 who = "ours, `torch.compile(model)`"
             if "error" in res:
-                lines.append(f"| {name} | {who} | {_failed(res)} | | | | | | | | | |")
+                lines.append(f"| {name} | {who} | {_failed(res)} | | | | | | | | | | | |")
                 continue
             t = totals(res)
             r = data.get("derived", {}).get(workload, {}).get(contender)
             ratios = [f"{r[k]:.2f}x" for k in RATIO_KEYS] if r else ["-"] * 4
+            ratios.insert(1, _hbm_ratio(r))
+            hbm = "-" if t["hbm_bytes"] is None else f"{_hbm_mb(t)} MB"
             lines.append(
-                f"| {name} | {who} | {t['programs']} | {_mb(t['bytes'])} MB | "
+                f"| {name} | {who} | {t['programs']} | {_mb(t['bytes'])} MB | {hbm} | "
                 f"{t['flops'] / 1e9:.1f} | {_mb(t['hbm_peak'])} MB | {t['compile_cpu_s']:.0f} | "
                 f"{t['copies']} | " + " | ".join(ratios) + " |"
             )

@@ -200,9 +200,12 @@ def totals(result: dict) -> dict:
     """Per-step figures: sums over the step's programs; the HBM peak is the largest program's
     peak plus the state living beside it."""
     programs = result["programs"]
+    hbm = [p.get("hbm_bytes") for p in programs]
     return {
         "programs": len(programs),
         "bytes": sum(p["bytes"] for p in programs),
+        # rows measured before 2026-12-07 lack it
+        "hbm_bytes": None if None in hbm else sum(hbm),
         "flops": sum(p["flops"] for p in programs),
         "hbm_peak": max(p["hbm_peak"] + p["outside_state"] for p in programs),
         "compile_cpu_s": result["compile_cpu_s"],
@@ -230,4 +233,6 @@ def derive(rows: dict) -> dict:
             out.setdefault(workload, {})[contender] = {
                 k: (t[k] / ht[k] if ht[k] else float("nan")) for k in RATIO_KEYS
             }
+            if t["hbm_bytes"] and ht["hbm_bytes"]:
+                out[workload][contender]["hbm_bytes"] = t["hbm_bytes"] / ht["hbm_bytes"]
     return out

@@ -90,3 +90,25 @@ def test_ragged_dot_matmul_flops_every_form():
         flops = hlo.matmul_flops(jaxpr)
         assert sum(flops.values()) == 2 * 32 * 16 * 24, name
         assert list(flops) == [("bf16" if a.dtype == jnp.bfloat16 else "f32", "default")], name
+
+
+def test_hbm_bytes_counts_only_memory_space_zero():
+    """An op's operands and results in HBM; a prefetch's HBM side once; on-chip (``S(1)``)
+    values and the async ops' ``done`` halves not at all."""
+    from tpu_inductor.tpu import hlo
+
+    text = """HloModule m
+
+ENTRY %main (p0: f32[1024], p1: f32[2048]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  %p1 = f32[2048]{0} parameter(1)
+  %copy-start = (f32[1024]{0:S(1)}, f32[1024]{0}, u32[]{:S(2)}) copy-start(%p0)
+  %copy-done = f32[1024]{0:S(1)} copy-done(%copy-start)
+  %slice-start = ((f32[2048]{0}), f32[1024]{0:S(1)}, s32[]{:S(2)}) slice-start(%p1)
+  %slice-done = f32[1024]{0:S(1)} slice-done(%slice-start)
+  %fusion = f32[1024]{0:S(1)} fusion(%copy-done, %slice-done), kind=kLoop, calls=%f
+  ROOT %fusion.1 = f32[1024]{0} fusion(%fusion), kind=kLoop, calls=%g
+}
+"""
+    # prefetch of p0 (4 KiB read) + slice of p1 (4 KiB read) + fusion.1's result (4 KiB)
+    assert hlo.hbm_bytes(text) == 3 * 4096
