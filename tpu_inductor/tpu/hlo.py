@@ -117,11 +117,10 @@ def _split_shape(rest: str) -> tuple[str, str]:
     return shape, tail
 
 
-def top_ops(text: str) -> list[Op]:
-    """The top-level ops of an optimized HLO module's entry computation, most cycles first."""
-    frames = parse_tables(text)
+def _entry_ops(text: str):
+    """``(name, shape, opcode, operand shapes, rest of the line)`` of each top-level op of the
+    entry computation (parameters, bitcasts, tuples and the like skipped)."""
     shapes: dict[str, str] = {}
-    ops = []
     for line in _entry_lines(text):
         m = _INSTR.match(line)
         if m is None:
@@ -130,10 +129,17 @@ def top_ops(text: str) -> list[Op]:
         shape, tail = _split_shape(rest)
         shapes[name] = shape
         opcode = tail.split("(", 1)[0].strip()
-        if opcode in _SKIP:
-            continue
-        operands = re.findall(r"%([\w.\-]+)", tail.split("),", 1)[0])
-        moved = _array_bytes(shape) + sum(_array_bytes(shapes.get(o, "")) for o in operands)
+        if opcode not in _SKIP:
+            operands = re.findall(r"%([\w.\-]+)", tail.split("),", 1)[0])
+            yield name, shape, opcode, [shapes.get(o, "") for o in operands], tail
+
+
+def top_ops(text: str) -> list[Op]:
+    """The top-level ops of an optimized HLO module's entry computation, most cycles first."""
+    frames = parse_tables(text)
+    ops = []
+    for name, shape, opcode, operands, tail in _entry_ops(text):
+        moved = _array_bytes(shape) + sum(_array_bytes(o) for o in operands)
         cycles = re.search(r'"estimated_cycles":"(\d+)"', tail)
         op_name = re.search(r'op_name="([^"]*)"', tail)
         frame = re.search(r"stack_frame_id=(\d+)", tail)
@@ -184,28 +190,19 @@ def hbm_bytes(text: str) -> int:
     this 67.1 MB, its inputs and output once (the hidden activation stays on chip).
     ``tests/tpu/test_hlo_hbm.py`` checks both.
     """
-    shapes: dict[str, str] = {}
     total = 0
-    for line in _entry_lines(text):
-        m = _INSTR.match(line)
-        if m is None:
-            continue
-        name, rest = m.groups()
-        shape, tail = _split_shape(rest)
-        shapes[name] = shape
-        opcode = tail.split("(", 1)[0].strip()
-        if opcode in _SKIP or opcode == "slice-done":
-            continue
-        operands = re.findall(r"%([\w.\-]+)", tail.split("),", 1)[0])
+    for _, shape, opcode, operands, _ in _entry_ops(text):
         arrays = _arrays(shape)
+        if opcode == "slice-done":
+            continue
         if opcode == "copy-start" and len(arrays) >= 2:  # (destination, source, context)
-            (dest, dest_hbm), source = arrays[0], shapes.get(operands[0], "") if operands else ""
-            total += (dest if dest_hbm else 0) + _hbm(source)
+            dest, dest_hbm = arrays[0]
+            total += (dest if dest_hbm else 0) + _hbm(operands[0] if operands else "")
         elif opcode == "slice-start" and len(arrays) >= 2:  # ((source), slice, context)
             (_, source_hbm), (piece, piece_hbm) = arrays[0], arrays[1]
             total += piece * (source_hbm + piece_hbm)
         else:
-            total += _hbm(shape) + sum(_hbm(shapes.get(o, "")) for o in operands)
+            total += _hbm(shape) + sum(_hbm(o) for o in operands)
     return total
 
 
