@@ -180,3 +180,19 @@ def test_fused_softmax_only_where_the_logsumexp_is_not_read():
     for on in (False, True):
         jaxpr = jax.make_jaxpr(lambda *a, on=on: attention.attention(*a, is_causal=True, fused=on))
         assert ("is_finite" in str(jaxpr(q, k, v))) is not on
+
+
+def test_bf16_products_ask_for_no_precision():
+    """``registry.matmul_precision``: all-bf16 operands get none (exact at any precision, and
+    XLA:TPU fuses such a product into its consumer only then); float16, float32 and mixed
+    operands keep the user's float32 precision."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from tpu_inductor.lowering.lowerings.registry import matmul_precision
+
+    bf16, f16, f32 = (jnp.zeros((2, 2), d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
+    highest = lax.Precision.HIGHEST
+    assert matmul_precision(highest, bf16, bf16) is None
+    for operands in ((f16, f16), (f32, f32), (bf16, f32)):
+        assert matmul_precision(highest, *operands) is highest
