@@ -68,9 +68,12 @@ def test_training_step_compiles_and_runs_nothing(target):
     params = sum(p.numel() * 4 for p in model.parameters())
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values())
     assert step.donated_bytes == params + state
+    # the optimizer reads and writes every parameter and moment in HBM, and reads the gradients
+    assert step.hbm_traffic >= 2 * (params + state) + params
     assert step.memory["alias"] >= params * 3
     for p in report.programs:
         assert p.peak_bytes > 0 and p.flops > 0 and p.bytes_accessed > 0
+        assert 0 < p.hbm_traffic <= p.bytes_accessed  # HBM traffic: on-chip values left out
         assert p.roofline_seconds > 0 and p.xla_seconds is None or p.xla_seconds > 0
         assert p.ops and p.ops[0].cycles >= p.ops[-1].cycles
     text = str(report)

@@ -92,6 +92,8 @@ class Program:
         memory: ``memory_analysis()`` per chip: ``argument``, ``output``, ``temp``, ``alias``,
             ``code`` bytes (empty when the compile failed).
         flops, bytes_accessed, transcendentals: ``cost_analysis()`` of the program (per chip).
+        hbm_traffic: what its top-level ops read from and write to HBM (:func:`hlo.hbm_bytes`:
+            bytes accessed without the values XLA keeps on chip, a prefetch counted once).
         xla_seconds: XLA's own time estimate, ``None`` where it gives none (a negative value).
         ops: the top-level ops of the optimized HLO, with estimates and sources (``hlo.Op``).
         matmul_flops: ``(operand dtype, precision) -> FLOPs`` of its matmuls (from the jaxpr).
@@ -115,6 +117,7 @@ class Program:
     memory: dict = dataclasses.field(default_factory=dict)
     flops: float = 0.0
     bytes_accessed: float = 0.0
+    hbm_traffic: float = 0.0
     transcendentals: float = 0.0
     xla_seconds: float | None = None
     ops: list = dataclasses.field(default_factory=list)
@@ -417,6 +420,7 @@ def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
     program.xla_seconds = float(estimate) if estimate is not None and estimate > 0 else None
     program.hlo_text = compiled.as_text()
     program.ops = hlo.top_ops(program.hlo_text)
+    program.hbm_traffic = float(hlo.hbm_bytes(program.hlo_text))
 
 
 def explain_error(error: Exception, jaxpr, target: Target) -> str:

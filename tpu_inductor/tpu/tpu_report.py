@@ -83,6 +83,11 @@ class Step:
         return sum(p.bytes_accessed for p in self.programs)
 
     @property
+    def hbm_traffic(self) -> float:
+        """What the step's programs read from and write to HBM, per device."""
+        return sum(p.hbm_traffic for p in self.programs)
+
+    @property
     def roofline_seconds(self) -> float:
         """The sum of its programs' roofline times (each is a lower bound)."""
         return sum(p.roofline_seconds for p in self.programs)
@@ -303,8 +308,8 @@ def _target_section(progs: list[Program]) -> list[str]:
         f"  {UNITS}",
         f"  {'program':<26} {'role':<13} {'dev':>3} {'HBM peak':>10} {'usable':>6} "
         f"{'args':>10} {'outputs':>10} {'temp':>10} {'donated':>10} {'GFLOP':>8} "
-        f"{'GiB moved':>9} {'comm MiB':>8} {'roofline ms':>11} {'XLA ms':>7} {'bound':>7} "
-        f"{'compile s':>9}",
+        f"{'GiB moved':>9} {'GiB HBM':>8} {'comm MiB':>8} {'roofline ms':>11} {'XLA ms':>7} "
+        f"{'bound':>7} {'compile s':>9}",
     ]
     for p in progs:
         if not p.compiled:
@@ -316,7 +321,7 @@ def _target_section(progs: list[Program]) -> list[str]:
             f"  {p.name:<26} {p.role:<13} {p.chips:>3} {size(p.peak_bytes):>10} "
             f"{p.peak_bytes / p.hbm_bytes:>6.1%} {size(m['argument']):>10} "
             f"{size(m['output']):>10} {size(m['temp']):>10} {size(m['alias']):>10} "
-            f"{p.flops / 1e9:>8.2f} {p.bytes_accessed / 2**30:>9.3f} "
+            f"{p.flops / 1e9:>8.2f} {p.bytes_accessed / 2**30:>9.3f} {p.hbm_traffic / 2**30:>8.3f} "
             f"{(f'{comm / 2**20:,.1f}' if p.comms else '-'):>8} "
             f"{_ms(p.roofline_seconds):>11} {_ms(p.xla_seconds):>7} {p.bound:>7} "
             f"{p.compile_seconds:>9.1f}"
@@ -331,7 +336,9 @@ def _target_section(progs: list[Program]) -> list[str]:
             else "or XLA's peak_memory_in_bytes where larger (it counts on-chip VMEM too)"
         )
         + "; usable: of the HBM a program may use",
-        "roofline: max(matmul FLOPs at peak, bytes at HBM bandwidth, collectives at ICI "
+        "GiB moved: XLA's bytes accessed; GiB HBM: what the ops read from and write to HBM "
+        "(bytes moved less the values XLA keeps on chip and counts again, tpu.hlo.hbm_bytes)",
+        "roofline: max(matmul FLOPs at peak, bytes moved at HBM bandwidth, collectives at ICI "
         "bandwidth) (they overlap at best); bound: which of the three sets it",
     ]
     if any(p.xla_seconds is None for p in ok):
@@ -417,7 +424,8 @@ def _step_lines(step: Step) -> list[str]:
         f"{size(own)} + {size(beside)} "
         f"resident that are not its arguments; the largest program alone: "
         f"{size(largest.peak_bytes)}): {step.verdict()}",
-        f"  {step.flops / 1e9:,.2f} GFLOP, {step.bytes_accessed / 2**30:,.3f} GiB accessed, "
+        f"  {step.flops / 1e9:,.2f} GFLOP, {step.bytes_accessed / 2**30:,.3f} GiB accessed "
+        f"({step.hbm_traffic / 2**30:,.3f} GiB HBM traffic), "
         f"collectives {step.comm_seconds * 1e3:,.3f} ms, roofline "
         f"{step.roofline_seconds * 1e3:,.3f} ms{ceiling}",
     ]
