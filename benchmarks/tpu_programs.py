@@ -144,7 +144,6 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
     import tpu_inductor
     from tpu_inductor.core.dtypes import to_jax_dtype
     from tpu_inductor.tpu import programs as recorded
-    from tpu_inductor.tpu.hlo import hbm_bytes
 
     model_name, kind, dtype_name = parse_workload(workload)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -200,7 +199,7 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
                 "name": p.name,
                 "kind": p.role,
                 "bytes": p.bytes_accessed,
-                "hbm_bytes": hbm_bytes(p.hlo_text),
+                "hbm_bytes": p.hbm_traffic,
                 "flops": p.flops,
                 "hbm_peak": int(p.peak_bytes),
                 "arguments": m["argument"],

@@ -23,7 +23,7 @@ _BYTES = {
     "s32": 4, "u32": 4, "f32": 4,
     "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
 }  # fmt: skip
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\](\{[^}]*\})?")  # and layout
 _INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
 _SKIP = {
     "parameter", "constant", "bitcast", "get-tuple-element", "tuple", "copy-done",
@@ -88,12 +88,19 @@ def parse_tables(text: str) -> dict[int, str]:
 
 
 def _array_bytes(shape_text: str) -> int:
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape_text):
+    return sum(n for n, _ in _arrays(shape_text))
+
+
+def _arrays(shape_text: str) -> list[tuple[int, bool]]:
+    """``(bytes, in HBM)`` of each array of a shape (a tuple's in order): an array whose layout
+    names a memory space other than 0 (``S(1)``: the TPU's on-chip memory) is not in HBM."""
+    out = []
+    for dtype, dims, layout in _ARRAY.findall(shape_text):
         size = _BYTES.get(dtype)
         if size is not None:
-            total += size * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-    return total
+            n = size * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+            out.append((n, re.search(r"S\([1-9]", layout or "") is None))
+    return out
 
 
 def _entry_lines(text: str) -> list[str]:
@@ -158,21 +165,6 @@ def top_ops(text: str) -> list[Op]:
     return ops
 
 
-_LAID_OUT = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\](\{[^}]*\})?")
-
-
-def _arrays(shape_text: str) -> list[tuple[int, bool]]:
-    """``(bytes, in HBM)`` of each array of a shape (a tuple's in order): an array whose layout
-    names a memory space other than 0 (``S(1)``: the TPU's on-chip memory) is not in HBM."""
-    out = []
-    for dtype, dims, layout in _LAID_OUT.findall(shape_text):
-        size = _BYTES.get(dtype)
-        if size is not None:
-            n = size * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-            out.append((n, re.search(r"S\([1-9]", layout or "") is None))
-    return out
-
-
 def _hbm(shape_text: str) -> int:
     return sum(n for n, in_hbm in _arrays(shape_text) if in_hbm)
 
@@ -192,9 +184,9 @@ def hbm_bytes(text: str) -> int:
     """
     total = 0
     for _, shape, opcode, operands, _ in _entry_ops(text):
-        arrays = _arrays(shape)
         if opcode == "slice-done":
             continue
+        arrays = _arrays(shape)
         if opcode == "copy-start" and len(arrays) >= 2:  # (destination, source, context)
             dest, dest_hbm = arrays[0]
             total += (dest if dest_hbm else 0) + _hbm(operands[0] if operands else "")
