@@ -98,6 +98,16 @@ def test_llama_training_forward_and_backward_scan(caplog):
     _same(scanned, unrolled, exact=True)
 
 
+def test_scanned_backward_takes_zero_tangents_of_every_layer():
+    """At 4 x 64 tokens each layer's KV-cache outputs (which nobody differentiates) get
+    all-zeros tangents of 32 KB: constants of the backward (``signatures.Zeros``), stacked for
+    the scanned layers as one constant (they were stacked as arrays and crashed)."""
+    model = _llama().train()
+    ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(2))
+    eager = _train(model, None, ids)
+    _same(_train(model, SCAN, ids), eager)
+
+
 def _step_run(options, layers=4, steps=2, clip=None, **adamw):
     """Losses, parameters and AdamW moments after ``steps`` compile_step calls (eager with
     ``options=None``); ``clip``: ``clip_grad_norm_`` to that norm before the update."""

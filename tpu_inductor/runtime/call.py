@@ -503,9 +503,24 @@ class CompiledGraph:
             stack = VALUES.stack_of(inner, bumped) if not self._backward else None
             if stack is None:
                 parts = [get(p, m) for p, m in zip(slot, members, strict=True)]
-                stack = stack_arrays(parts, self.device if self.plan is None else None)
+                stack = self._stack(parts)
             arrays.append(stack)
         return arrays, statics
+
+    def _stack(self, parts: list):
+        """Members of one stack slot as the executable takes them. Zero tangents stay a
+        constant of the program (one :class:`Zeros` of the stacked shape) when every member is
+        one; beside real arrays they are made on the device and stacked with them."""
+        zeros = [type(p) is Zeros for p in parts]
+        if all(zeros):
+            return Zeros((len(parts), *parts[0].shape), parts[0].dtype)
+        if any(zeros):
+            where = self.plan.replicated() if self.plan is not None else self.device
+            parts = [
+                device_zeros(p.shape, p.dtype, where, self._zeros) if type(p) is Zeros else p
+                for p in parts
+            ]
+        return stack_arrays(parts, self.device if self.plan is None else None)
 
     def _executable(self, seed, arrays: list, statics: list):
         """The executable for this call's signature (compiled on first use); kept as the only
