@@ -137,15 +137,10 @@ def test_compile_step_adamw_scans_forward_backward_and_update(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     caplog.clear()
     scanned = _step_run(SCAN)
-    # Two programs (the first call creates the AdamW state: zeros_like in its update), each a
-    # scan of the forward, of the backward and of the 4 layers' updates: 9 parameters, each a
-    # gradient (empty_like + copy) and torch's single-tensor AdamW chain (20 ops), plus, in the
-    # first, 3 zeros per parameter.
+    # One program (the AdamW state exists before the trace): a scan of the forward, of the
+    # backward and of the 4 layers' updates: 9 parameters, each a gradient (empty_like + copy)
+    # and torch's single-tensor AdamW chain (20 ops).
     assert _scans(caplog) == [
-        "scan_layers: 4 blocks of 81 ops from pow_1 lowered as one lax.scan",
-        "scan_layers: 4 blocks of 143 ops from pow_11 lowered as one lax.scan",
-        "scan_layers: 4 update blocks of 225 ops from empty_like_1 lowered as one lax.scan",
-    ] + [
         "scan_layers: 4 blocks of 81 ops from pow_1 lowered as one lax.scan",
         "scan_layers: 4 blocks of 143 ops from pow_11 lowered as one lax.scan",
         "scan_layers: 4 update blocks of 198 ops from empty_like_1 lowered as one lax.scan",
@@ -165,7 +160,7 @@ def test_compile_step_foreach_update_with_clipping_scans(caplog):
     caplog.clear()
     scanned = _step_run(SCAN, **kw)
     updates = [m for m in _scans(caplog) if "update blocks" in m]
-    assert len(updates) == 2 and all(m.startswith("scan_layers: 3 update blocks") for m in updates)
+    assert len(updates) == 1 and all(m.startswith("scan_layers: 3 update blocks") for m in updates)
     _same_steps(scanned, eager, unrolled)
 
 
@@ -315,11 +310,10 @@ def test_stacked_state_crosses_once_per_kind_and_stays_stacked(monkeypatch):
     _same(scanned[0], eager[0])
     _same(scanned[1], eager[1])
     _same(scanned[2], eager[2])
-    # 9 weight kinds: the first (state-creating) program stacks the parameters; the steady
-    # program's first call stacks the AdamW state the first program made as separate arrays
-    # (step, exp_avg, exp_avg_sq: 3 x 9; the parameters come stacked); then nothing, except the
-    # edited weight's kind after the edit (one stack).
-    assert per_step == [9, 27, 1, 0]
+    # 9 weight kinds: the first call stacks the parameters and the AdamW state made before the
+    # trace (step, exp_avg, exp_avg_sq: 4 x 9); then nothing, except the edited weight's kind
+    # after the edit (one stack).
+    assert per_step == [36, 0, 1, 0]
 
     def steady_of(graphs):  # the program that takes the AdamW state (COMPILED is unordered)
         return max((c.exes for c in graphs if id(c) not in before), key=lambda e: len(e._slots))

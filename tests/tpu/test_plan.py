@@ -52,14 +52,14 @@ def _compile_step(meta: bool, target: str, plan: str | None):
 def test_compile_step_on_a_meta_model_compiles_the_real_models_programs(target, plan):
     """Before the fix a meta model's step compiled to ONE forward-sized program named
     inference (its loss had no derivative on meta fakes); now the same two programs as real
-    weights (the first call's, which also creates the AdamW state, and the steady one),
-    figure for figure, named for what they are."""
+    weights (one: the AdamW state exists before the trace), figure for figure, named for what
+    it is."""
     model, meta = _compile_step(True, target, plan)
     assert all(p.device.type == "meta" for p in model.parameters())  # nothing materialized
     _, real = _compile_step(False, target, plan)
     assert meta == real
-    assert [r[1] for r in real] == ["training step", "training step"], real
-    assert [r[0] for r in real] == ["training-step#0", "training-step#0"]
+    assert [r[1] for r in real] == ["training step"], real
+    assert [r[0] for r in real] == ["training-step#0"]
     # the steady program writes every parameter and both AdamW moments
     params = sum(p.numel() * 4 for p in model.parameters())
     chips = tpu_inductor.tpu_target(target).num_devices

@@ -265,6 +265,7 @@ def restart_to_join_step(gm: fx.GraphModule) -> None:
         return
     for opt in found:
         _install(opt, opt.__dict__.get("step"))
+    optimizers.create_state(found)  # the retrace is then the steady step: traced once
     names = ", ".join(sorted({type(o).__name__ for o in found}))
     log.info("%s.step made traceable; Dynamo traces %s again", names, tx.f_code.co_name)
     speculation.clear()  # it holds the break at opt.step(); the retrace must try the call again

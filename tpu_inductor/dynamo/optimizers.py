@@ -314,10 +314,52 @@ def _zero_grad(opt: torch.optim.Optimizer, set_to_none: bool) -> None:
                     p.grad.zero_()
 
 
+def create_state(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Give every parameter that can receive a gradient the optimizer state its first step
+    would create, where it has none, so the first traced step is already the steady one.
+
+    Why: a step traced while the state is empty creates it inside the program, and the next
+    call, which reads it, is traced and compiled again (two compiles before training runs).
+    The values are the first step's own (Adam/AdamW: step 0 and zero moments; SGD with
+    momentum and no dampening: a zero buffer, which the first step turns into the gradient
+    exactly as eager's copy). A parameter that never gets a gradient keeps zero state that
+    eager would not have made; no update reads it. SGD with dampening keeps eager's lazy
+    buffer (a copy of the first gradient, not the damped zero buffer).
+    """
+    for opt in optimizers:
+        init = _CREATE.get(type(opt))
+        if init is None or unsupported_reason(opt) is not None:
+            continue
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and len(opt.state[p]) == 0:
+                    init(group, p, opt.state[p])
+
+
+def _adam_state(group: dict, p: torch.Tensor, state: dict) -> None:
+    # torch.optim.Adam._init_group's state for one parameter
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    state["step"] = (
+        torch.zeros((), dtype=_get_scalar_dtype(), device=p.device)
+        if group["capturable"]
+        else torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
+    )
+    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if group["amsgrad"]:
+        state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _sgd_state(group: dict, p: torch.Tensor, state: dict) -> None:
+    # a zero momentum buffer is the first step's clone of the gradient only without dampening
+    if group["momentum"] != 0 and group["dampening"] == 0:
+        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def _adam_step(opt: torch.optim.Adam) -> None:
     # torch.optim.Adam.step (AdamW: decoupled_weight_decay=True) with its _init_group inlined.
     from torch.optim.adam import adam
-    from torch.optim.optimizer import _get_scalar_dtype
 
     for group in opt.param_groups:
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
@@ -330,17 +372,7 @@ def _adam_step(opt: torch.optim.Adam) -> None:
             grads.append(p.grad)
             state = opt.state[p]
             if len(state) == 0:
-                state["step"] = (
-                    torch.zeros((), dtype=_get_scalar_dtype(), device=p.device)
-                    if group["capturable"]
-                    else torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
-                )
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if group["amsgrad"]:
-                    state["max_exp_avg_sq"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format
-                    )
+                _adam_state(group, p, state)
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
             if group["amsgrad"]:
@@ -412,4 +444,9 @@ STEPS: dict[type, Callable] = {
     torch.optim.Adam: _adam_step,
     torch.optim.AdamW: _adam_step,
     torch.optim.SGD: _sgd_step,
+}
+_CREATE: dict[type, Callable] = {
+    torch.optim.Adam: _adam_state,
+    torch.optim.AdamW: _adam_state,
+    torch.optim.SGD: _sgd_state,
 }

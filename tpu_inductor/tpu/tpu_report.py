@@ -193,8 +193,7 @@ class TargetReport:
     @property
     def steps(self) -> list[Step]:
         """The training step and the inference programs, per target: each graph's latest
-        executable; for ``compile_step``, its latest ``training step`` program (the first call's
-        program, which also creates the optimizer state, runs once)."""
+        executable; for ``compile_step``, its latest ``training step`` program."""
         out = []
         for topology in dict.fromkeys(p.target.topology for p in self.programs):
             latest: dict[str, Program] = {}

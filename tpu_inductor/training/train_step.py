@@ -101,6 +101,7 @@ def compile_step(
         # compiling for a TPU target: a meta model is traced as the CPU model it stands for,
         # by Dynamo too, or its backward would not be traced (backend.meta_fakes_as_cpu)
         meta = meta_fakes_as_cpu() if compile_only else contextlib.nullcontext()
+        optimizers_mod.create_state(optimizers)  # one trace: the first step is the steady one
         with (
             torch._dynamo.config.patch(trace_autograd_ops=True),
             optimizers_mod.traceable_steps(optimizers),
