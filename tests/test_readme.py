@@ -216,8 +216,8 @@ def test_block_training_loop_1(caplog):
     breaks, graphs = seen["breaks"], seen["graphs"]
     assert breaks[2:] == [breaks[2]] * len(breaks[2:]), breaks  # none after the first step
     # step 1: the forward, the backward and update() as one program (clipping and the scheduled
-    # opt.step joined at the first call); step 2: update() once more (its state exists now)
-    assert graphs[1:3] == [3, 4], graphs
+    # opt.step joined at the first call, its state made before the retrace); then nothing
+    assert graphs[1:3] == [3, 3], graphs
     assert graphs[3:] == [graphs[2]] * len(graphs[3:]), graphs  # nothing compiled after step 2
     h2d = [b - a for a, b in zip(seen["h2d"][2:], seen["h2d"][3:], strict=False)]
     d2h = [b - a for a, b in zip(seen["d2h"][2:], seen["d2h"][3:], strict=False)]

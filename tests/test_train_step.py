@@ -42,7 +42,9 @@ def _same_state(opt_c, opt_e, params_c, params_e, what):
             torch.testing.assert_close(sc[k], se[k], atol=ATOL, rtol=RTOL, msg=f"{what} {k}")
 
 
-def _run(model_e, make_opt, batch, loss_of, steps=3, returns=lambda loss: loss.detach()):
+def _run(
+    model_e, make_opt, batch, loss_of, steps=3, returns=lambda loss: loss.detach(), fullgraph=True
+):
     model_c = copy.deepcopy(model_e)
     opt_e, opt_c = make_opt(model_e), make_opt(model_c)
 
@@ -53,7 +55,7 @@ def _run(model_e, make_opt, batch, loss_of, steps=3, returns=lambda loss: loss.d
         opt_c.zero_grad()
         return returns(loss)
 
-    step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=True)
+    step = tpu_inductor.compile_step(train_step, opt_c, fullgraph=fullgraph)
     runs = []
     for i in range(steps):
         n, loss_c = _programs_per_call(step, *batch)
@@ -233,3 +235,37 @@ def test_checkpointed_llama_step_is_one_program_with_eager_numbers(choice):
         assert runs == 1
         torch.testing.assert_close(loss_c, loss_e.detach(), atol=ATOL, rtol=RTOL)
         _same_state(opt_c, opt_e, list(model_c.parameters()), list(model_e.parameters()), i)
+
+
+class _BranchOnLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.mean() > 0:  # a branch on a value: Dynamo breaks the graph here
+            h = h.relu()
+        return self.b(h)
+
+
+def test_a_step_that_breaks_the_graph_runs_in_parts_with_eager_numbers(caplog):
+    """A step Dynamo cannot trace whole is not one program: traced with loss.backward() in it,
+    torch 2.13 lost every gradient across the break (the optimizer changed nothing, silently).
+    compile_step sees the break before anything runs, says so once, and runs the step in parts
+    with backward() in eager autograd: eager's losses, parameters and state."""
+    import logging
+
+    g = torch.Generator().manual_seed(3)
+    batch = (torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g))
+    torch.manual_seed(0)
+    caplog.set_level(logging.WARNING, logger="tpu_inductor.progress")
+    _run(
+        _BranchOnLoss(),
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-3),
+        batch,
+        _mse,
+        fullgraph=False,
+    )
+    said = [r.getMessage() for r in caplog.records if "cannot be one program" in r.getMessage()]
+    assert len(said) == 1 and "train_step breaks the graph" in said[0], said

@@ -30,7 +30,7 @@ from tpu_inductor.core import hints, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
 from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
 from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
-from tpu_inductor.dynamo import breaks, optimizers
+from tpu_inductor.dynamo import breaks, optimizers, regions
 from tpu_inductor.dynamo.config import Options, configure_logging, parse_options
 from tpu_inductor.lowering import custom_ops, refusals
 from tpu_inductor.lowering.lower import (
@@ -97,7 +97,10 @@ def tpu_backend(
     configure_logging()
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
     breaks.restart_to_join_step(gm)  # opt.step() joins this frame's program (may restart)
+    if opts.scan_layers:  # repeated layers traced once (may restart)
+        regions.restart_to_mark_layers(gm, breaks.current_tx())
     breaks.report_graph_break(gm)
+    breaks.refuse_split_step(gm)  # a compile_step that breaks runs in parts (may raise)
     breaks.join_optimizer_step()
     # compiling for a target reads no data: meta tensors are fine (their CPU stand-ins are held
     # here, as the fake mode keeps them only weakly, until AOTAutograd has traced)
@@ -126,9 +129,10 @@ def tpu_backend(
             if warm is not None:
                 return warm
     direct: list[CompiledGraph] = []
-    aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct, frame)(
-        gm, example_inputs
-    )
+    with regions.cached_subgraph_schemas():
+        aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct, frame)(
+            gm, example_inputs
+        )
     del cpu_fakes
     if direct:
         # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
@@ -521,7 +525,9 @@ def compile_graph(
         A boxed callable taking and returning torch tensors (saved activations of a training
         forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
-    optimizers.repair_capturable_adam(gm)  # torch's NaN at lr == 0 (optimizers.py)
+    for module in gm.modules():  # torch's NaN at lr == 0 (optimizers.py), subgraphs too
+        if isinstance(module, fx.GraphModule):
+            optimizers.repair_capturable_adam(module)
     if opts.fallback == "eager" and any(
         n.op == "call_function" and not is_lowerable(n) for n in gm.graph.nodes
     ):

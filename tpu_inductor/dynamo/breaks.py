@@ -122,6 +122,51 @@ def _fix(reason: str) -> str:
 _SEEN_REASONS: list = [0, None]  # how many of Dynamo's graph_break_reasons were read, the last
 
 
+class StepSplit(Exception):
+    """Raised by the backend when a ``compile_step`` step breaks the graph (see
+    :func:`refuse_split_step`); ``compile_step`` then runs the step as several programs."""
+
+
+# compile_step's call in progress: [mode, Dynamo's break count at its start, graphs compiled].
+# mode: True while it traces loss.backward() into the program, False once the step broke the
+# graph and runs in parts, None outside compile_step.
+ONE_PROGRAM_STEP: list = [None, 0, 0]
+
+
+def refuse_split_step(gm: fx.GraphModule) -> None:
+    """In a ``compile_step`` call that traces ``loss.backward()`` into the program, raise
+    :class:`StepSplit` at the first graph when Dynamo broke the step's graph (Dynamo traces the
+    whole outer frame before compiling any part of it, so nothing of the step has run yet).
+
+    Why: with ``torch._dynamo.config.trace_autograd_ops`` on, a frame that resumes after a break
+    and calls ``loss.backward()`` on a loss computed before the break traced no gradient at all
+    in torch 2.13 (every ``.grad`` stayed ``None`` and the optimizer step changed nothing, with
+    no error). Without it, Dynamo runs ``backward()`` in eager autograd: correct gradients, in
+    several programs. A break found after a part of the step ran is an error, not a silent
+    step without gradients.
+    """
+    from torch._dynamo.utils import graph_break_reasons
+
+    mode, breaks_before, graphs = ONE_PROGRAM_STEP
+    if mode is not True:
+        return
+    ONE_PROGRAM_STEP[2] = graphs + 1
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    broke = len(graph_break_reasons) > breaks_before or getattr(reason, "graph_break", False)
+    if not broke:
+        return
+    new = list(graph_break_reasons[breaks_before:]) or [reason]
+    text = str(new[0].reason).strip().splitlines()[0]
+    if graphs == 0:
+        raise StepSplit(text)
+    raise RuntimeError(
+        f"tpu-inductor: compile_step: the step broke the graph ({text}) after a part of it "
+        "had run, so this step's gradients would be lost (torch 2.13 traces no gradient "
+        "across a break). Remove the break (the warning above names its line), or compile "
+        "the model with torch.compile and call loss.backward() and opt.step() yourself."
+    )
+
+
 def report_graph_break(gm: fx.GraphModule) -> list[str]:
     """Warn once per site for each graph break Dynamo took since the last call.
 
@@ -148,6 +193,8 @@ def report_graph_break(gm: fx.GraphModule) -> list[str]:
     own = getattr(gm, "compile_subgraph_reason", None)
     if own is not None and getattr(own, "graph_break", False) and own not in reasons:
         reasons.append(own)
+    if ONE_PROGRAM_STEP[0] is False:  # compile_step in parts: its warning said why
+        reasons = [r for r in reasons if "Tensor.backward()" not in str(r.reason)]
     said = []
     for reason in reasons:
         msg = _say(reason, gm if reason is own else None)
@@ -203,7 +250,8 @@ def _joinable_step(reason: str, inner) -> bool:
     )
 
 
-def _current_tx():
+def current_tx():
+    """The instruction translator of the frame Dynamo is tracing (``None`` outside one)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -256,7 +304,7 @@ def restart_to_join_step(gm: fx.GraphModule) -> None:
     stack = list(getattr(reason, "user_stack", None) or [])
     if not _joinable_step(str(reason.reason), stack[-1] if stack else None):
         return
-    tx = _current_tx()
+    tx = current_tx()
     speculation = getattr(tx, "speculation_log", None)
     if tx is None or speculation is None or not hasattr(speculation, "clear"):
         return
@@ -279,7 +327,7 @@ def join_optimizer_step() -> torch.optim.Optimizer | None:
     :mod:`tpu_inductor.dynamo.optimizers` can trace, give that instance a ``step`` Dynamo traces
     (see
     the module docstring) and return the optimizer; else ``None``."""
-    tx = _current_tx()
+    tx = current_tx()
     opt = getattr(tx, "f_locals", {}).get("self") if tx is not None else None
     if not isinstance(opt, torch.optim.Optimizer) or tx.f_code.co_name != "step":
         return None

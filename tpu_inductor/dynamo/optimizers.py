@@ -357,17 +357,143 @@ def _sgd_state(group: dict, p: torch.Tensor, state: dict) -> None:
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def _adam_step(opt: torch.optim.Adam) -> None:
-    # torch.optim.Adam.step (AdamW: decoupled_weight_decay=True) with its _init_group inlined.
+# Where compile_step's traced update calls one nested compile region per repeated layer
+# (group_updates_by_layer): per param group, per layer, the positions of its parameters.
+LAYER_GROUPS = "_tpu_inductor_layer_groups"
+
+
+def group_updates_by_layer(optimizers: Sequence[torch.optim.Optimizer], layers: Sequence) -> None:
+    """Have each optimizer's traced step update each layer of ``layers`` (the repeated layers
+    ``regions.mark_layers`` marked) through one nested compile region, so Dynamo and AOTAutograd
+    trace one layer's update, not every parameter's, and a run of them becomes one scan.
+
+    The update is torch's own per-parameter one, each parameter's alone: grouping changes no
+    number. The grouping is a tuple of positions kept on the instance (what the traced step
+    reads: a constant to Dynamo). A parameter is in at most one layer's group.
+    """
+    for opt in optimizers:
+        per_group = []
+        for group in opt.param_groups:
+            pos = {id(p): k for k, p in enumerate(group["params"])}
+            used: set[int] = set()
+            chunks = []
+            for layer in layers:
+                mine = [pos.get(id(p)) for p in layer.parameters()]
+                chunk = tuple(k for k in mine if k is not None and k not in used)
+                used.update(chunk)
+                if chunk:
+                    chunks.append(chunk)
+            per_group.append(tuple(chunks))
+        opt.__dict__[LAYER_GROUPS] = tuple(per_group)
+
+
+def _region(fn: Callable) -> Callable:
+    mark = getattr(torch.compiler, "nested_compile_region", None)  # torch >= 2.8
+    return mark(fn) if mark is not None else fn
+
+
+# The layer regions take flat arguments (a count, the hyperparameters, then the tensors) and
+# return the new values instead of updating their inputs: Dynamo then checks a reuse without
+# tracing pytree's flattening, and AOTAutograd calls a pure subgraph (a subgraph that updates
+# its inputs is re-traced for its schema at every call). The caller copies the values back.
+_ADAM_HYPER = (
+    "amsgrad",
+    "has_complex",
+    "beta1",
+    "beta2",
+    "lr",
+    "weight_decay",
+    "eps",
+    "maximize",
+    "foreach",
+    "capturable",
+    "decoupled_weight_decay",
+    "grad_scale",
+    "found_inf",
+)
+_SGD_HYPER = (
+    "weight_decay",
+    "momentum",
+    "lr",
+    "dampening",
+    "nesterov",
+    "maximize",
+    "has_sparse_grad",
+    "foreach",
+    "grad_scale",
+    "found_inf",
+)
+
+
+def _adam_layer(n: int, *flat):
     from torch.optim.adam import adam
 
-    for group in opt.param_groups:
+    hyper = dict(zip(_ADAM_HYPER, flat[: len(_ADAM_HYPER)], strict=True))
+    tensors = list(flat[len(_ADAM_HYPER) :])
+    lists = [tensors[k : k + n] for k in range(0, len(tensors), n)]
+    params, grads, exp_avgs, exp_avg_sqs = lists[:4]
+    max_sqs, steps = (lists[4], lists[5]) if hyper["amsgrad"] else ([], lists[4])
+    new = [[t.clone() for t in ts] for ts in (params, exp_avgs, exp_avg_sqs, max_sqs, steps)]
+    params, exp_avgs, exp_avg_sqs, max_sqs, steps = new
+    adam(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_sqs,
+        steps,
+        differentiable=False,
+        fused=None,
+        **hyper,
+    )
+    return tuple(t for ts in new for t in ts)
+
+
+def _sgd_layer(n: int, *flat):
+    from torch.optim.sgd import sgd
+
+    hyper = dict(zip(_SGD_HYPER, flat[: len(_SGD_HYPER)], strict=True))
+    tensors = list(flat[len(_SGD_HYPER) :])
+    params, grads, bufs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+    params, bufs = [p.clone() for p in params], [b.clone() for b in bufs]
+    sgd(params, grads, bufs, fused=None, **hyper)
+    return (*params, *bufs)
+
+
+_ADAM_LAYER = _region(_adam_layer)
+_SGD_LAYER = _region(_sgd_layer)
+
+
+def _chunks(opt: torch.optim.Optimizer, g: int, rows: dict[int, int]) -> list[tuple]:
+    """The traced update's calls for param group ``g``: ``(rows, layer)`` per repeated layer
+    (``layer`` True; rows index the lists of parameters with a gradient), then the rest."""
+    layer_groups = opt.__dict__.get(LAYER_GROUPS, ())
+    calls, done = [], set()
+    for chunk in layer_groups[g] if g < len(layer_groups) else ():
+        idx = [rows[k] for k in chunk if k in rows]
+        if idx:
+            calls.append((idx, True))
+            done.update(idx)
+    rest = [i for i in range(len(rows)) if i not in done]
+    return calls + ([(rest, False)] if rest else [])
+
+
+def _pick(values: list, idx: list[int]) -> list:
+    return [values[i] for i in idx] if values else []
+
+
+def _adam_step(opt: torch.optim.Adam) -> None:
+    # torch.optim.Adam.step (AdamW: decoupled_weight_decay=True) with its _init_group inlined,
+    # one call per repeated layer (group_updates_by_layer)
+    from torch.optim.adam import adam
+
+    for g, group in enumerate(opt.param_groups):
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
-        has_complex = False
-        for p in group["params"]:
+        rows: dict[int, int] = {}
+        for k, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            has_complex |= torch.is_complex(p)
+            rows[k] = len(params)
             params.append(p)
             grads.append(p.grad)
             state = opt.state[p]
@@ -379,65 +505,71 @@ def _adam_step(opt: torch.optim.Adam) -> None:
                 max_exp_avg_sqs.append(state["max_exp_avg_sq"])
             steps.append(state["step"])
         beta1, beta2 = group["betas"]
-        adam(
-            params,
-            grads,
-            exp_avgs,
-            exp_avg_sqs,
-            max_exp_avg_sqs,
-            steps,
-            amsgrad=group["amsgrad"],
-            has_complex=has_complex,
-            beta1=beta1,
-            beta2=beta2,
-            lr=group["lr"],
-            weight_decay=group["weight_decay"],
-            eps=group["eps"],
-            maximize=group["maximize"],
-            foreach=group["foreach"],
-            capturable=group["capturable"],
-            differentiable=False,
-            fused=None,
-            grad_scale=getattr(opt, "grad_scale", None),
-            found_inf=getattr(opt, "found_inf", None),
-            decoupled_weight_decay=group["decoupled_weight_decay"],
-        )
+        for idx, layer in _chunks(opt, g, rows):
+            chunk = _pick(params, idx)
+            hyper = dict(
+                amsgrad=group["amsgrad"],
+                has_complex=any(torch.is_complex(p) for p in chunk),
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=group["maximize"],
+                foreach=group["foreach"],
+                capturable=group["capturable"],
+                decoupled_weight_decay=group["decoupled_weight_decay"],
+                grad_scale=getattr(opt, "grad_scale", None),
+                found_inf=getattr(opt, "found_inf", None),
+            )
+            lists = [_pick(v, idx) for v in (grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)]
+            if layer and not group["foreach"]:  # (a foreach op in a region: torch 2.13 fails)
+                updated = [chunk, *lists[1:]]  # everything but the gradients
+                flat = [t for ts in (chunk, *lists) for t in ts]
+                new = _ADAM_LAYER(len(idx), *(hyper[k] for k in _ADAM_HYPER), *flat)
+                torch._foreach_copy_([t for ts in updated for t in ts], list(new))
+            else:
+                adam(chunk, *lists, differentiable=False, fused=None, **hyper)
 
 
 def _sgd_step(opt: torch.optim.SGD) -> None:
-    # torch.optim.SGD.step with its _init_group inlined.
+    # torch.optim.SGD.step with its _init_group inlined, one call per repeated layer
     from torch.optim.sgd import sgd
 
-    for group in opt.param_groups:
+    for g, group in enumerate(opt.param_groups):
         params, grads, buffers = [], [], []
-        has_sparse_grad = False
-        for p in group["params"]:
+        rows: dict[int, int] = {}
+        for k, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
+            rows[k] = len(params)
             params.append(p)
             grads.append(p.grad)
-            has_sparse_grad |= p.grad.is_sparse
             if group["momentum"] != 0:
                 buffers.append(opt.state[p].get("momentum_buffer"))
-        sgd(
-            params,
-            grads,
-            buffers,
-            weight_decay=group["weight_decay"],
-            momentum=group["momentum"],
-            lr=group["lr"],
-            dampening=group["dampening"],
-            nesterov=group["nesterov"],
-            maximize=group["maximize"],
-            has_sparse_grad=has_sparse_grad,
-            foreach=group["foreach"],
-            fused=None,
-            grad_scale=getattr(opt, "grad_scale", None),
-            found_inf=getattr(opt, "found_inf", None),
-        )
-        if group["momentum"] != 0:
-            for p, buffer in zip(params, buffers, strict=True):
-                opt.state[p]["momentum_buffer"] = buffer
+        for idx, layer in _chunks(opt, g, rows):
+            chunk, bufs = _pick(params, idx), _pick(buffers, idx)
+            hyper = dict(
+                weight_decay=group["weight_decay"],
+                momentum=group["momentum"],
+                lr=group["lr"],
+                dampening=group["dampening"],
+                nesterov=group["nesterov"],
+                maximize=group["maximize"],
+                has_sparse_grad=any(p.grad.is_sparse for p in chunk),
+                foreach=group["foreach"],
+                grad_scale=getattr(opt, "grad_scale", None),
+                found_inf=getattr(opt, "found_inf", None),
+            )
+            if layer and not group["foreach"] and all(b is not None for b in bufs):
+                flat = [*chunk, *_pick(grads, idx), *bufs]
+                new = _SGD_LAYER(len(idx), *(hyper[k] for k in _SGD_HYPER), *flat)
+                torch._foreach_copy_([*chunk, *bufs], list(new))
+            else:  # no layer, or momentum buffers the first step creates (dampening)
+                sgd(chunk, _pick(grads, idx), bufs, fused=None, **hyper)
+                if group["momentum"] != 0:
+                    for p, buffer in zip(chunk, bufs, strict=True):
+                        opt.state[p]["momentum_buffer"] = buffer
 
 
 STEPS: dict[type, Callable] = {

@@ -376,12 +376,16 @@ def lower_graph(
     check_supported(gm)
     if platform in leading_dims.PLATFORMS:
         leading_dims.keep_leading_dims(gm)
+    if scan_layers:
+        from tpu_inductor.lowering.scan_calls import tidy_calls
+
+        tidy_calls(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     tensor_inputs = tuple(
         i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)
     )
-    has_rng = any(n.op == "call_function" and _is_random(n.target) for n in nodes)
+    has_rng = any(n.op == "call_function" and _is_random(n) for n in nodes)
     jax_precision = PRECISIONS[precision]
     output_node = next(n for n in reversed(nodes) if n.op == "output")
     num_outputs = len(output_node.args[0])
@@ -423,6 +427,7 @@ def lower_graph(
 
     groups = {}
     if scan_layers:
+        from tpu_inductor.lowering.scan_calls import plan_call_scans
         from tpu_inductor.lowering.scan_layers import plan_scans
         from tpu_inductor.lowering.scan_updates import plan_update_scans
 
@@ -434,11 +439,12 @@ def lower_graph(
             unscannable=unscannable | host_eval,
             dynamic=dynamic,
             gm=gm,
+            calls=plan_call_scans,
             then=plan_update_scans,
         )
     inside = {n for g in groups.values() for n in g.nodes}
 
-    def fn(seed, *inputs, stacks: dict | None = None):
+    def fn(seed, *inputs, stacks: dict | None = None, draws: list | None = None):
         env: dict[fx.Node, Any] = {}
         input_ids = set()
         for node, value in zip(placeholders, inputs, strict=True):
@@ -446,10 +452,13 @@ def lower_graph(
             input_ids.add(id(value))
         bindings = bind(input_metas, inputs) if dynamic or host_eval else None
         key = _binding_key(bind(input_metas, inputs)) if view_outputs else None
+        # the next random draw's number; a subgraph's call shares its caller's (draws), so a
+        # repeated layer draws what the same ops unrolled draw
+        counter = draws if draws is not None else [0]
         for ctx in contexts.values():
             ctx.bindings = bindings
+            ctx.seed, ctx.draws = seed, counter
         base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
-        counter = [0]  # the next random draw's number
 
         def draw():
             counter[0] += 1
@@ -738,11 +747,15 @@ def _constant(value):
     return value
 
 
-def _is_random(target) -> bool:
-    if target is RUN_AND_SAVE_RNG:  # its key is drawn from the call's seed
+def _is_random(node: fx.Node) -> bool:
+    """Whether a node draws random numbers (its lowering's ``random``: a flag, or for a
+    higher-order op a predicate of the node, e.g. whether a subgraph it calls draws)."""
+    if node.target is RUN_AND_SAVE_RNG:  # its key is drawn from the call's seed
         return True
-    low = LOWERINGS.get(target)
-    return low is not None and low.random
+    low = LOWERINGS.get(node.target)
+    if low is None:
+        return False
+    return low.random(node) if callable(low.random) else low.random
 
 
 def _scannable(node: fx.Node) -> bool:
@@ -753,7 +766,7 @@ def _scannable(node: fx.Node) -> bool:
         return True
     if node.target in PYTHON_OPS or node.target is COPY_ or node.target in _WRAPPERS:
         return False
-    return not _is_random(node.target)
+    return not _is_random(node)
 
 
 def _rng_state(seed, start: int) -> jax.Array:

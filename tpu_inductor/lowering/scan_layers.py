@@ -413,7 +413,7 @@ class ScanGroup:
         output stack (``scan_updates``' peak; see docs/architecture.md)."""
         pairs = self._pairs()
         if not pairs:
-            return lax.scan(body, init, xs)
+            return lax.scan(body, init, xs, length=len(self.blocks))
         order = list(pairs.items())  # (ys index, xs index)
         inner = [j for j in range(len(xs)) if j not in pairs.values()]
 
@@ -544,6 +544,7 @@ def plan_scans(
     unscannable: set,
     dynamic: bool,
     gm: fx.GraphModule,
+    calls: Callable | None = None,
     then: Callable | None = None,
 ) -> dict[fx.Node, ScanGroup]:
     """Find the runs of matching blocks in a graph and plan one scan for each.
@@ -555,6 +556,8 @@ def plan_scans(
             read while tracing, symbolic-size arithmetic).
         dynamic: whether the graph has symbolic sizes (then nothing is scanned).
         gm: the graph module (for ``get_attr`` constants).
+        calls: a planner of scans of runs of subgraph calls, which come first (``lower.py``
+            passes :func:`tpu_inductor.lowering.scan_calls.plan_call_scans`).
         then: a planner of further scans given what this one found (``lower.py`` passes
             :func:`tpu_inductor.lowering.scan_updates.plan_update_scans`, which builds on this
             module: taken as an argument so the two don't import each other).
@@ -570,9 +573,12 @@ def plan_scans(
     def gm_attrs(target):
         return getattr(gm, target)
 
-    groups: dict[fx.Node, ScanGroup] = {}
+    all_nodes = nodes
+    groups: dict[fx.Node, ScanGroup] = calls(nodes, gm, keep, unscannable) if calls else {}
+    called = {n for g in groups.values() for n in g.nodes}
+    nodes = [n for n in nodes if n not in called]
     shared = _shared(nodes)
-    labels = _labels(nodes, shared)
+    labels = _labels(all_nodes, shared)  # a call of a layer carries its module path too
     for run in _runs(nodes, shared, labels):
         name = "{}.{}..".format(*labels[run[0][0]])
         s = 0
@@ -623,7 +629,7 @@ def plan_scans(
         return groups
     groups.update(
         then(
-            nodes,
+            all_nodes,
             labels=labels,
             groups=groups,
             unscannable=unscannable,

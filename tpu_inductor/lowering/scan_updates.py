@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import logging
 
+import torch
 import torch.fx as fx
 
 from tpu_inductor.lowering import scan_layers as sl
 
 log = logging.getLogger("tpu_inductor.lowering.scan_layers")
 
-_MIXED = ("*", -1)  # a value of two layers (or of a layer and the model's outside)
+_MIXED = ("*", -1)
+_COPY = torch.ops.aten.copy.default  # a value of two layers (or of a layer and the model's outside)
 
 
 def _update_labels(nodes: list[fx.Node], labels: dict, free: set) -> dict:
@@ -118,6 +120,7 @@ def plan_update_scans(
         and n not in inside
         and labels.get(n) is None
         and n not in unscannable
+        and n.target is not _COPY  # a value copied as it is (a layer region's new values)
     }
     lab = _update_labels(nodes, labels, free)
     by_layer: dict = {}

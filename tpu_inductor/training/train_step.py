@@ -38,9 +38,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from tpu_inductor.dynamo import optimizers as optimizers_mod
+from tpu_inductor.dynamo import regions
 from tpu_inductor.dynamo.backend import meta_fakes_as_cpu
+from tpu_inductor.dynamo.breaks import ONE_PROGRAM_STEP, StepSplit
+from tpu_inductor.dynamo.config import parse_options
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("tpu_inductor.progress")  # speaks without logging set up
 
 
 def compile_step(
@@ -94,7 +98,11 @@ def compile_step(
         return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, fn(*args, **kwargs))
 
     compiled = torch.compile(whole, backend="tpu", options=options, **compile_kwargs)
-    compile_only = _targets(options)
+    opts = parse_options(options)
+    compile_only = opts.target is not None
+    unmarked = [opts.scan_layers]  # repeated layers are marked before the first trace
+
+    split = [False]  # the step breaks the graph: backward() runs in eager autograd
 
     @functools.wraps(fn)
     def step(*args, **kwargs):
@@ -102,13 +110,41 @@ def compile_step(
         # by Dynamo too, or its backward would not be traced (backend.meta_fakes_as_cpu)
         meta = meta_fakes_as_cpu() if compile_only else contextlib.nullcontext()
         optimizers_mod.create_state(optimizers)  # one trace: the first step is the steady one
+        roots = None
+        if unmarked[0]:
+            roots = regions.modules_reached([fn])
+            regions.mark_layers(roots)
+            optimizers_mod.group_updates_by_layer(optimizers, regions.marked_layers(roots))
+            unmarked[0] = False
         with (
-            torch._dynamo.config.patch(trace_autograd_ops=True),
+            torch._dynamo.config.patch(trace_autograd_ops=not split[0]),
+            _one_program(not split[0]),
             optimizers_mod.traceable_steps(optimizers),
             _deterministic_attention_recompute(),
             meta,
         ):
-            return compiled(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except torch._dynamo.exc.UncapturedHigherOrderOpError as e:
+                if not roots or "invoke_subgraph" not in str(e):
+                    raise
+                # a repeated layer Dynamo cannot trace whole (it breaks the graph inside):
+                # traced unrolled, as without scan_layers (nothing ran yet)
+                regions.unmark_layers(roots)
+                optimizers_mod.group_updates_by_layer(optimizers, [])
+                log.info("scan_layers: the layers break the graph, so they stay unrolled")
+            except torch._dynamo.exc.BackendCompilerFailed as e:
+                if not isinstance(getattr(e, "inner_exception", None), StepSplit):
+                    raise
+                split[0] = True
+                progress.warning(
+                    "tpu-inductor: compile_step: %s breaks the graph (%s), so it cannot be one "
+                    "program: it runs as several, with backward() in eager autograd. Remove the "
+                    "break (the warning above names its line) to get one program.",
+                    getattr(fn, "__name__", "the step"),
+                    e.inner_exception,
+                )
+        return step(*args, **kwargs)  # unrolled layers, or in parts
 
     step._compiled = compiled
     return step
@@ -171,11 +207,16 @@ def _has_recomputable_rng_ops(gm) -> bool:
     return False
 
 
-def _targets(options: dict[str, Any] | None) -> bool:
-    """Whether these options compile for a TPU target (the option or TPU_INDUCTOR_TARGET)."""
-    from tpu_inductor.dynamo.config import parse_options
+@contextlib.contextmanager
+def _one_program(active: bool):
+    from torch._dynamo.utils import graph_break_reasons
 
-    return parse_options(options).target is not None
+    saved = list(ONE_PROGRAM_STEP)
+    ONE_PROGRAM_STEP[:] = [active, len(graph_break_reasons), 0]
+    try:
+        yield
+    finally:
+        ONE_PROGRAM_STEP[:] = saved
 
 
 def _check_supported(opt: torch.optim.Optimizer) -> None:

@@ -20,6 +20,7 @@ from tpu_inductor.lowering.lowerings import (  # noqa: F401  (each module regist
     sampling,
     sorting,
     special,
+    subgraphs,
     views,
 )
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext, register_lowering

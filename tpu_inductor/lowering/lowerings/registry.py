@@ -42,6 +42,8 @@ class LoweringContext:
         bindings: values of the graph's size symbols in the call being traced (dynamic shapes).
         platform: ``"tpu"``, ``"gpu"`` or ``"cpu"``, the device the graph is compiled for
             (``None`` when not known, e.g. a subgraph lowered on its own).
+        seed, draws: the graph's random seed and the number of its next draw (a list, shared
+            with the subgraphs it calls; only valid while tracing).
     """
 
     node: Any
@@ -50,6 +52,8 @@ class LoweringContext:
     make_key: Callable[[], jax.Array] | None = None
     bindings: dict | None = None
     platform: str | None = None
+    seed: Any = None  # the graph's seed and its draw counter, for a subgraph's call to share
+    draws: list | None = None
 
     @property
     def out(self):
@@ -93,7 +97,7 @@ class Lowering:
     fn: Callable[..., Any]
     promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None
     promote_args: tuple[int, ...] | None
-    random: bool
+    random: bool | Callable[[Any], bool]  # a predicate of the node for higher-order ops
     wide_args: tuple[int, ...] = ()
 
     def __call__(self, ctx: LoweringContext, args: Sequence, kwargs: dict) -> Any:
