@@ -354,7 +354,7 @@ def test_persistent_cache_dir_warm_start_in_a_new_process(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         runs.append(out.stdout.split()[-1])
     assert runs == ["0", "1"], "the second process did not reuse the saved inference graph"
-    assert any((tmp_path / "tpu_inductor_exports").iterdir())
+    assert any((tmp_path / "tpu_inductor" / "programs").glob("*.json"))
     assert len(list(tmp_path.iterdir())) > 1, "no XLA executable in the persistent cache"
 
 

@@ -241,3 +241,65 @@ def passes_through(lowered, n_inputs: int) -> bool:
             for m in getattr(meta, "subclass_inp_meta", None) or ()
         )
     )
+
+
+def runtime_convention(kind: str, lowered, n_inputs: int) -> dict | str:
+    # n_inputs: the Dynamo graph's inputs and the module parameters AOTAutograd lifts
+    """How the graph being compiled is called without AOTAutograd's runtime wrapper (a program
+    saved in ``cache_dir``, runtime/program_store.py), or why it cannot be.
+
+    An inference graph needs only its updated inputs' versions raised; a training forward, an
+    ``autograd.Function`` saving what the backward reads. Anything more the wrapper would do
+    (outputs aliasing inputs, effect tokens, tensor subclasses, updates outside the program,
+    saved sizes, views to regenerate, random state) keeps the graph out of the store.
+    """
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    meta = _fw_metadata()
+    if meta is None:
+        return "AOTAutograd gave no metadata"
+    if lowered.dynamic or lowered.scalar_outputs:
+        return "it has symbolic sizes or scalar outputs"
+    if not (len(lowered.input_metas) == n_inputs == len(lowered.tensor_inputs)):
+        return (
+            "AOTAutograd changed its inputs (deduplicated, tokens or sizes: "
+            f"{len(lowered.input_metas)} inputs, {len(lowered.tensor_inputs)} tensors, "
+            f"{n_inputs} from Dynamo)"
+        )
+    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
+        return "an output aliases an input or another output"
+    if (
+        getattr(meta, "tokens", None)
+        or meta.num_intermediate_bases
+        or getattr(meta, "grad_enabled_mutation", None) is not None
+        or getattr(meta, "num_graphsafe_rng_states", 0)
+        or getattr(meta, "is_rng_op_functionalized", False)
+        or getattr(meta, "num_unsafe_view_outputs", 0)
+        or any(
+            not (isinstance(m, int) or type(m).__name__ == "PlainTensorMeta")
+            for m in getattr(meta, "subclass_inp_meta", None) or ()
+        )
+    ):
+        return "AOTAutograd's wrapper has work to do (tokens, views, subclasses or RNG state)"
+    if kind == "inference":
+        if meta.num_mutated_inp_runtime_indices:
+            return "it updates inputs outside the program"
+        return {"kind": "inference", "bumped": sorted(bumped_mutation_inputs(n_inputs))}
+    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+        return "a training graph that updates its inputs"
+    if meta.num_symints_saved_for_bw:
+        return "it saves sizes for the backward"
+    returns = meta.num_forward_returns
+    if returns != len(meta.output_info):
+        return "its forward returns more than its outputs"
+
+    def size(s: slice) -> int:
+        return len(range(*s.indices(lowered.num_outputs)))
+
+    return {
+        "kind": "training",
+        "num_forward_returns": returns,
+        "saved_with_version_check": size(meta.tensors_saved_for_backwards_with_vc_check_slice),
+        "saved_without_version_check": size(meta.tensors_saved_for_backwards_no_vc_check_slice),
+        "output_requires_grad": [bool(o.requires_grad) for o in meta.output_info],
+    }

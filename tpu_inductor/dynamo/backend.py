@@ -26,12 +26,19 @@ import torch.fx as fx
 
 from tpu_inductor.capture import aot as capture
 from tpu_inductor.capture.partition import split_for_fallback
-from tpu_inductor.core import hints, transfers
+from tpu_inductor.core import hints, stages, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
 from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
 from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
+from tpu_inductor.core.stages import FrameStages
 from tpu_inductor.dynamo import breaks, optimizers, regions
-from tpu_inductor.dynamo.config import Options, configure_logging, parse_options
+from tpu_inductor.dynamo.config import (
+    Options,
+    configure_logging,
+    parse_options,
+    program_fingerprint,
+    switch_values,
+)
 from tpu_inductor.lowering import custom_ops, refusals
 from tpu_inductor.lowering.lower import (
     check_dtypes,
@@ -47,7 +54,7 @@ from tpu_inductor.runtime import (
     cache,
     device_eager,
     device_owned,
-    export_cache,
+    program_store,
     residency,
     sharding,
 )
@@ -93,6 +100,7 @@ def tpu_backend(
         >>> model(torch.randn(2, 4)).shape
         torch.Size([2, 4])
     """
+    dynamo_s = stages.dynamo_seconds()  # before any of our work
     opts = parse_options(options, mode)
     configure_logging()
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
@@ -119,20 +127,20 @@ def tpu_backend(
         device = select_device(opts.device)
     if platform_of(device) == "tpu":
         check_input_dtypes(gm, example_inputs)
-    export_key = None
+    entry = None
     if opts.cache_dir:
         cache.enable_persistent_cache(opts.cache_dir)
-    if opts.cache_dir and opts.target is None:
-        export_key = export_cache.key_for(gm, example_inputs, _config_key(opts, device))
-        if export_key is not None:
-            warm = export_cache.load(opts.cache_dir, export_key, device)
-            if warm is not None:
-                return warm
+        entry, warm = _saved_programs(gm, example_inputs, opts, device, dynamo_s)
+        if warm is not None:
+            return warm
     direct: list[CompiledGraph] = []
+    built: list[Executables] = []  # the programs of this graph, for the report's stage times
+    aot_start = time.perf_counter()
     with regions.cached_subgraph_schemas():
-        aot_compiled = _aot_backend(opts, device, export_key, len(example_inputs), direct, frame)(
-            gm, example_inputs
-        )
+        aot_compiled = _aot_backend(
+            opts, device, entry, len(example_inputs), direct, frame, built, gm
+        )(gm, example_inputs)
+    _attribute_stages(built, dynamo_s, time.perf_counter() - aot_start)
     del cpu_fakes
     if direct:
         # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
@@ -140,6 +148,41 @@ def tpu_backend(
         # python -m benchmarks.profile_overhead).
         return direct[0].call_unboxed
     return aot_compiled
+
+
+def _saved_programs(gm, example_inputs, opts: Options, device, dynamo_s: float):
+    """``(entry, warm)``: the graph's programs saved in ``cache_dir`` (``warm``, a callable,
+    when a previous process saved them), else the :class:`program_store.Entry` its compile
+    records into (``None`` when the graph can't be kept: a sharding plan, a TPU target, shape
+    buckets, inputs that are not plain static tensors)."""
+    if opts.target is not None or opts.plan is not None or opts.pad_to:
+        return None, None
+    precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    fingerprint = program_fingerprint(opts, device, precision, custom_ops.fingerprint())
+    key = program_store.key_for(gm, example_inputs, fingerprint)
+    if key is None:
+        return None, None
+    warm = program_store.load(opts.cache_dir, key, fingerprint, device, gm)
+    if warm is None:
+        return program_store.Entry(opts.cache_dir, key, fingerprint), None
+    first = warm.graph if isinstance(warm, program_store.WarmInference) else warm.forward
+    first.exes.frame = FrameStages(dynamo=dynamo_s, load=warm.load_seconds)
+    first.exes.frame_owner = True
+    return None, warm
+
+
+def _attribute_stages(built: list, dynamo_s: float, aot_and_lower_s: float) -> None:
+    """Give the programs of one Dynamo graph its Dynamo and AOTAutograd seconds (our lowering,
+    done inside AOTAutograd's call, is each program's own ``lower_seconds``)."""
+    if not built:
+        return
+    lowering = sum(e.lower_seconds for e in {id(e): e for e in built}.values())
+    frame = FrameStages(dynamo=dynamo_s, aot=max(0.0, aot_and_lower_s - lowering))
+    for e in built:
+        if e.frame is None:  # a program reused from the in-memory cache keeps its first frame
+            e.frame = frame
+    if built[0].frame is frame:
+        built[0].frame_owner = True
 
 
 def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
@@ -447,23 +490,28 @@ def _config_key(opts: Options, device: jax.Device) -> tuple:
         None if opts.plan is None else opts.plan.key(),
         opts.target,  # compile-only devices of different topologies print alike
         opts.scan_layers,
+        switch_values(),  # the module-level switches benchmarks flip
     )
 
 
 def _aot_backend(
     opts: Options,
     device: jax.Device,
-    export_key: str | None,
+    entry: program_store.Entry | None,
     n_inputs: int,
     direct: list[CompiledGraph],
     frame: hints.FrameGraph | None = None,
+    built: list | None = None,
+    dynamo_gm: fx.GraphModule | None = None,
 ):
     """AOTAutograd with our compilers. An inference graph AOTAutograd passes through unchanged
-    is appended to ``direct`` (and saved for warm starts when ``export_key`` is set). ``frame``:
-    the Dynamo graph's record for recompile hints (its forward's executables count its
-    calls, and name its inputs)."""
+    is appended to ``direct``. ``entry``: where the programs are recorded for later processes
+    (``cache_dir``). ``frame``: the Dynamo graph's record for recompile hints (its forward's
+    executables count its calls, and name its inputs)."""
 
     forward: list[CompiledGraph] = []
+    # AOTAutograd puts the Dynamo graph's own parameters and buffers first (an optimizer step's)
+    lifted = len(program_store.lifted_inputs(dynamo_gm)) if dynamo_gm is not None else 0
 
     def compiler(kind: str):
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
@@ -471,6 +519,8 @@ def _aot_backend(
             compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
             inner = getattr(compiled, "compiled", compiled)  # a PaddedGraph wraps one
             exes = getattr(inner, "exes", None)
+            if exes is not None and built is not None:
+                built.append(exes)
             if kind != "backward" and frame is not None and exes is not None:
                 hints.attach(frame, exes)
                 n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
@@ -488,14 +538,49 @@ def _aot_backend(
                 and capture.passes_through(compiled.lowered, n_inputs)
             ):
                 direct.append(compiled)
-                if export_key is not None:
-                    export_cache.save(opts.cache_dir, export_key, compiled.lowered, static)
+            if entry is not None:
+                _record(entry, kind, compiled, static, n_inputs + lifted)
             return compiled
 
         return compile_fn
 
     return capture.aot_backend(
         compiler("forward"), compiler("backward"), compiler("inference"), platform_of(device)
+    )
+
+
+def _record(entry: program_store.Entry, kind: str, compiled, static, n_inputs: int) -> None:
+    """Note one of a Dynamo graph's programs in its ``cache_dir`` entry, or why the graph can't
+    be kept (``capture.runtime_convention``)."""
+    if not isinstance(compiled, CompiledGraph):
+        entry.refuse("ops of it run in eager or it is padded to buckets")
+        return
+    low = compiled.lowered
+    if kind in ("inference", "forward"):
+        convention = capture.runtime_convention(kind, low, n_inputs)
+        if isinstance(convention, str):
+            entry.refuse(convention)
+            return
+        entry.runtime = convention
+    elif entry.runtime is not None:
+        wanted = sum(entry.runtime["output_requires_grad"])
+        saved = entry.runtime["saved_with_version_check"]
+        saved += entry.runtime["saved_without_version_check"]
+        if len(low.tangent_inputs) != wanted or len(low.input_metas) != saved + wanted:
+            entry.refuse(
+                "its backward takes other inputs than the forward saves "
+                f"({len(low.input_metas)} inputs, {len(low.tangent_inputs)} tangents; "
+                f"{saved} saved, {wanted} outputs need a gradient)"
+            )
+            return
+    entry.add(
+        kind,
+        compiled,
+        static_positions=sorted(compiled._static_positions),
+        saved_outputs=sorted(compiled._saved),
+        bumped=sorted(compiled._bumped),
+        backward=compiled._backward,
+        donate_inputs=sorted(compiled.exes.donated),
     )
 
 
@@ -570,6 +655,7 @@ def compile_graph(
             transfers=opts.transfers,
             donate=donate,
             plan=plan,
+            platform=platform,
         )
 
     exes = cache.get_or_create(key, create)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -301,3 +302,99 @@ def configure_logging() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("[tpu_inductor %(levelname)s] %(message)s"))
     logger.addHandler(handler)
+
+
+# Module-level switches that change the programs built (benchmarks and tests flip them to
+# measure a lever): each is in every cache key, the in-memory one and cache_dir's.
+SWITCHES = (
+    ("tpu_inductor.capture.aot", "SPLIT_LOG_SOFTMAX"),
+    ("tpu_inductor.capture.aot", "RECAST_PARAMETERS"),
+    ("tpu_inductor.runtime.signatures", "ZERO_TANGENTS"),
+    ("tpu_inductor.lowering.lowerings.linalg", "TPU_HALF_DOTS"),
+    ("tpu_inductor.lowering.lowerings.splash_attention", "SPLASH_ATTENTION"),
+    ("tpu_inductor.lowering.lowerings.attention", "FUSED_SOFTMAX_PLATFORMS"),
+    ("tpu_inductor.lowering.leading_dims", "PLATFORMS"),
+    ("tpu_inductor.dynamo.backend", "DONATE_ON_CPU"),
+)
+
+
+def switch_values() -> tuple:
+    """The current value of every program-changing switch (:data:`SWITCHES`)."""
+    import importlib
+
+    out = []
+    for module, name in SWITCHES:
+        value = getattr(importlib.import_module(module), name)
+        out.append((f"{module}.{name}", sorted(value) if isinstance(value, set) else value))
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in out)
+
+
+# Options that change no program: where files go (cache_dir, dump_dir), how many executables a
+# graph keeps, how crossings are reported.
+_NOT_IN_PROGRAMS = frozenset({"cache_dir", "dump_dir", "max_executables", "transfers"})
+
+
+def program_fingerprint(opts: Options, device, precision: str, custom_ops: str) -> dict:
+    """Everything besides the graph that shapes a program, as JSON-able values: the key of a
+    program saved in ``cache_dir`` (runtime/program_store.py) holds it, and a saved manifest
+    whose fingerprint differs is set aside, naming the part that differs.
+
+    Args:
+        opts: the parsed options (every option that changes programs is in).
+        device: the JAX device compiled for (its platform and kind).
+        precision: the float32 matmul precision in effect.
+        custom_ops: the fingerprint of the lowerings users registered.
+    """
+    options = {
+        f.name: repr(getattr(opts, f.name))
+        for f in dataclasses.fields(Options)
+        if f.name not in _NOT_IN_PROGRAMS
+    }
+    options["plan"] = repr(None if opts.plan is None else opts.plan.key())
+    options["matmul_precision"] = precision
+    return json.loads(  # exactly as a saved manifest reads back (tuples become lists)
+        json.dumps(
+            {
+                "package": package_hash(),
+                "versions": _versions(),
+                "options": options,
+                "switches": {k: repr(v) for k, v in switch_values()},
+                "device": {
+                    "platform": getattr(device, "platform", str(device)),
+                    "kind": getattr(device, "device_kind", ""),
+                    "target": opts.target or "",
+                },
+                "custom_ops": custom_ops,
+            }
+        )
+    )
+
+
+@functools.cache
+def package_hash() -> str:
+    """A hash of every source file of the installed tpu_inductor package (a changed lowering
+    is a changed program)."""
+    import hashlib
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    import importlib.metadata
+
+    import jax
+    import jaxlib
+    import torch
+
+    versions = {"torch": torch.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    try:
+        versions["libtpu"] = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        versions["libtpu"] = ""
+    return versions

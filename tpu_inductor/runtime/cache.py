@@ -52,13 +52,15 @@ _entries: collections.OrderedDict[str, object] = collections.OrderedDict()
 _persistent_dir: str | None = None
 
 
-def graph_key(gm: fx.GraphModule, extra: tuple) -> str:
-    """A fingerprint of a graph's code, its inputs' avals, its constants and ``extra``."""
+def graph_key(gm: fx.GraphModule, extra: tuple, inputs_by_meta: frozenset = frozenset()) -> str:
+    """A fingerprint of a graph's code, its inputs' avals, its constants and ``extra``.
+    ``inputs_by_meta``: ids of ``get_attr`` tensors that are program inputs, not constants
+    (a module's parameters AOTAutograd lifts), hashed by shape, stride and dtype only."""
     with unset_fake_temporarily():  # compilers run under AOTAutograd's fake mode
-        return _graph_key(gm, extra)
+        return _graph_key(gm, extra, inputs_by_meta)
 
 
-def _graph_key(gm: fx.GraphModule, extra: tuple) -> str:
+def _graph_key(gm: fx.GraphModule, extra: tuple, inputs_by_meta: frozenset = frozenset()) -> str:
     h = hashlib.sha256(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -69,7 +71,9 @@ def _graph_key(gm: fx.GraphModule, extra: tuple) -> str:
                 h.update(repr(val).encode())
         elif node.op == "get_attr":
             const = getattr(gm, node.target)
-            if isinstance(const, torch.Tensor):
+            if isinstance(const, torch.Tensor) and id(const) in inputs_by_meta:
+                h.update(f"input {const.dtype}{tuple(const.shape)}{const.stride()}".encode())
+            elif isinstance(const, torch.Tensor):
                 t = const.detach().contiguous().reshape(-1)
                 h.update(f"{t.dtype}{tuple(const.shape)}".encode())
                 h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")

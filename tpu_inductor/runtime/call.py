@@ -77,6 +77,7 @@ class Build:
     reason: str
     seconds: float
     calls: int = 0  # the graph's calls (hits + misses) when it was built, this one included
+    xla_seconds: float = 0.0  # of ``seconds``, XLA's compile (the rest: JAX's trace and lower)
 
 
 class Executables:
@@ -99,8 +100,13 @@ class Executables:
         transfers: str = "count",
         donate: Sequence[int] = (),
         plan=None,
+        platform: str = "cpu",
     ):
         self.lowered = lowered
+        self.platform = platform  # the device kind it compiles for (exports name it)
+        # With cache_dir: how an executable is built so that it is kept for later processes
+        # (program_store.StoreSlot: exported, saved, compiled from the export); None: directly
+        self.store = None
         self.plan = plan
         self.donated = frozenset(donate)  # input positions whose buffers the executable reuses
         # Under a sharding plan: graph output -> the sharding its updated input keeps.
@@ -123,6 +129,8 @@ class Executables:
         self.padding_off = False
         self.input_names: list | None = None  # the user's names of the graph's inputs
         self.hinted = False  # a recompile hint was said for this graph (hints.py)
+        self.frame = None  # its Dynamo graph's stages.FrameStages (set by the backend)
+        self.frame_owner = False  # whether report() counts the frame's seconds on this graph
         self._lock = threading.Lock()
         # The executable's inputs: the graph's, or with stacked state (lowering/packing.py) one
         # per packed slot (a stack stands for its members). Positions below are slots.
@@ -213,10 +221,17 @@ class Executables:
             self.misses += 1
             start = time.perf_counter()
             with compile_progress(self.name, sum(self.lowered.ops.values())):
-                traced = self.trace(seed, arrays, statics)
-                lowered = traced.lower()
-                exe = compile_lowered(lowered, self.compiler_options)
-            reason = self.record_build(signature, traced, lowered, time.perf_counter() - start)
+                if self.store is not None:
+                    lowered = None
+                    traced, exe, xla = self.store.build(self, signature, seed, arrays, statics)
+                else:
+                    traced = self.trace(seed, arrays, statics)
+                    lowered = traced.lower()
+                    xla_start = time.perf_counter()
+                    exe = compile_lowered(lowered, self.compiler_options)
+                    xla = time.perf_counter() - xla_start
+            seconds = time.perf_counter() - start
+            reason = self.record_build(signature, traced, lowered, seconds, xla)
             self.entries[signature] = exe
             if len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
@@ -267,17 +282,21 @@ class Executables:
                 return jitted.trace(seed, *args)
         return jitted.trace(seed, *args)
 
-    def record_build(self, signature: tuple, traced, lowered, seconds: float) -> str:
+    def record_build(
+        self, signature: tuple, traced, lowered, seconds: float, xla_seconds: float = 0.0
+    ) -> str:
         """Note one executable built (for ``report()`` and ``dump_dir``); returns why."""
         reason = self._reason(signature)
         if self.dump_dir is not None:
             n = len(self.builds)
             (self.dump_dir / f"executable{n}.jaxpr.txt").write_text(str(traced.jaxpr))
+            if lowered is None:  # built from an export (cache_dir): lowered the same way
+                lowered = traced.lower()
             (self.dump_dir / f"executable{n}.stablehlo.mlir").write_text(
                 lowered.as_text(debug_info=True)  # locations: module path, op, source line
             )
             (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
-        self.builds.append(Build(signature, reason, seconds, self.hits + self.misses))
+        self.builds.append(Build(signature, reason, seconds, self.hits + self.misses, xla_seconds))
         return reason
 
     def _reason(self, signature: tuple) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tpu_inductor.core import transfers
+from tpu_inductor.core.stages import STAGES
 from tpu_inductor.core.transfers import Transfers
 from tpu_inductor.runtime import cache, device_eager, residency
 
@@ -25,6 +26,10 @@ class GraphReport:
         saved_bytes: for a training forward, the bytes of the activations its last call kept
             on the device for the backward (values it computed; inputs saved as they are,
             such as parameters, are not counted). Activation checkpointing lowers it.
+        stages: seconds by stage (``core.stages.STAGES``): ``dynamo`` and ``aot`` (Dynamo's
+            tracing and AOTAutograd, counted on the first program of each Dynamo graph),
+            ``lower`` (our lowering and JAX's trace of it), ``xla`` (XLA's compiles) and
+            ``load`` (programs read from ``cache_dir`` on a warm start).
     """
 
     name: str
@@ -38,6 +43,7 @@ class GraphReport:
     evictions: int
     transfers: Transfers = dataclasses.field(default_factory=Transfers)
     saved_bytes: int = 0
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -55,19 +61,25 @@ class Report:
     resident_bytes_per_device: dict[str, int] = dataclasses.field(default_factory=dict)
     eager_ops: device_eager.EagerStats = dataclasses.field(default_factory=device_eager.EagerStats)
 
+    def stage_seconds(self) -> dict[str, float]:
+        """Every graph's seconds by stage, summed (``GraphReport.stages``)."""
+        return {k: sum(g.stages.get(k, 0.0) for g in self.graphs) for k in STAGES}
+
     def __str__(self) -> str:
         lines = [
             f"tpu-inductor: {len(self.graphs)} graph(s) lowered "
             f"({self.graphs_handed_over} handed over by AOTAutograd, "
             f"{self.graph_cache_hits} reused from the graph cache), {self.traces} trace(s)",
-            f"{'graph':<24} {'ops':>5} {'lower s':>8} {'execs':>6} {'hits':>7} {'misses':>7}"
-            f" {'compile s':>10} {'H2D MB':>8} {'D2H MB':>8} {'saved MB':>9}",
+            f"{'graph':<24} {'ops':>5} {'execs':>6} {'hits':>7} {'misses':>7} {'dynamo s':>9}"
+            f" {'aot s':>6} {'lower s':>8} {'xla s':>6} {'load s':>7} {'H2D MB':>8} {'D2H MB':>8}"
+            f" {'saved MB':>9}",
         ]
         for g in self.graphs:
-            compile_s = sum(s for _, s in g.builds)
+            st = g.stages
             lines.append(
-                f"{g.name:<24} {g.nodes:>5} {g.lower_seconds:>8.3f} {g.executables:>6} "
-                f"{g.hits:>7} {g.misses:>7} {compile_s:>10.2f} "
+                f"{g.name:<24} {g.nodes:>5} {g.executables:>6} {g.hits:>7} {g.misses:>7} "
+                f"{st.get('dynamo', 0):>9.2f} {st.get('aot', 0):>6.2f} {st.get('lower', 0):>8.2f} "
+                f"{st.get('xla', 0):>6.2f} {st.get('load', 0):>7.2f} "
                 f"{g.transfers.host_to_device_bytes / 1e6:>8.3f} "
                 f"{g.transfers.device_to_host_bytes / 1e6:>8.3f} "
                 f"{g.saved_bytes / 1e6:>9.3f}"
@@ -133,6 +145,7 @@ def report(print_table: bool = True) -> Report:
                 evictions=exes.evictions,
                 transfers=exes.transfers.totals.copy(),
                 saved_bytes=exes.saved_bytes,
+                stages=_stages(exes),
             )
         )
     result = Report(
@@ -150,6 +163,18 @@ def report(print_table: bool = True) -> Report:
     if print_table:
         print(result)
     return result
+
+
+def _stages(exes) -> dict[str, float]:
+    frame = exes.frame if exes.frame_owner else None
+    trace = sum(b.seconds - b.xla_seconds for b in exes.builds)
+    return {
+        "dynamo": frame.dynamo if frame else 0.0,
+        "aot": frame.aot if frame else 0.0,
+        "lower": exes.lower_seconds + trace,
+        "xla": sum(b.xla_seconds for b in exes.builds),
+        "load": frame.load if frame else 0.0,
+    }
 
 
 def _order(name: str) -> int:

@@ -129,17 +129,21 @@ class TargetGraph:
         error = compiled = None
         lowered, spaces = None, {}
         packed = exes.pack(specs, _stacked_spec)  # stacked state (lowering/packing.py)
+        xla_start = None
         with jax.enable_x64(True):
             traced = exes.trace(seed, packed, statics)
             try:  # the TPU lowering's or compiler's refusal is the report's finding
                 lowered = traced.lower()
+                xla_start = time.perf_counter()
                 compiled, spaces = programs.compile_measured(lowered, exes.compiler_options)
             except Exception as e:
                 error = e
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        seconds = end - start
         exes.misses += 1
         if lowered is not None:  # as the runtime's signature: no shardings
-            exes.record_build(signature_of(specs, statics), traced, lowered, seconds)
+            xla = end - xla_start if xla_start is not None else 0.0
+            exes.record_build(signature_of(specs, statics), traced, lowered, seconds, xla)
         donated = [packed[exes._tensor_pos.index(s)] for s in exes._donated_slots]
         out_info = exes.unpack(list(traced.out_info), _member_spec)
         role = programs.cache_role(self.role, self.lowered, out_info)
