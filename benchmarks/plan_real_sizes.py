@@ -185,15 +185,15 @@ def plan_one(row: Row, layers: int | None) -> dict[str, Any]:
         shardings = {k: P(*v) for k, v in _FSDP_TP.items()} | {"inputs": P("data")}
     options = {"target": row.target, "mesh": mesh, "shardings": shardings, "scan_layers": True}
     search = _Search(
-        lambda: cls(config),
-        options,
-        causal_lm_loss,
-        token_ids,
-        torch.optim.AdamW,
-        torch.bfloat16,
-        "batch",
-        row.batch,
-        row.seq,
+        model_fn=lambda: cls(config),
+        options=options,
+        loss_fn=causal_lm_loss,
+        inputs_fn=token_ids,
+        optimizer=torch.optim.AdamW,
+        dtype=torch.bfloat16,
+        over="batch",
+        batch=row.batch,
+        seq_len=row.seq,
     )
     probe = search.probe("full", row.batch)
     report = tpu_inductor.tpu_report(print_table=False)

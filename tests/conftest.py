@@ -23,7 +23,20 @@ def pytest_ignore_collect(collection_path, config):
     return True
 
 
+SLOW_LIST = pathlib.Path(__file__).parent / "slow.txt"
+
+
+def _slow_ids() -> set[str]:
+    """Test ids listed in tests/slow.txt (one per line, ``#`` starts a comment)."""
+    lines = (line.split("#", 1)[0].strip() for line in SLOW_LIST.read_text().splitlines())
+    return {line for line in lines if line}
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = _slow_ids()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
     if os.environ.get("TPU_INDUCTOR_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: set TPU_INDUCTOR_SLOW=1 or run with -m slow")

@@ -119,3 +119,44 @@ def test_best_round_keeps_the_quietest_round_per_size():
     assert [r["us"] for r in best] == [20.0, 10.0]
     assert best[0]["us_rounds"] == [30.0, 20.0]
     assert run._best_round([{"error": "x"}]) == {"error": "x"}
+
+
+def test_first_step_ratios_table_and_docs_block(tmp_path):
+    """benchmarks.first_step's ratios are this run's deepest over shallowest (cold) and warm
+    over cold, its table says when a restart's losses differ, and --docs rewrites only the
+    block between its markers."""
+    from benchmarks import first_step
+
+    stages = dict.fromkeys(first_step.STAGES, 1.0)
+    rows = [
+        {
+            "path": "step",
+            "layers": n,
+            "start": start,
+            "two_steps_s": s,
+            "first_step_s": s / 2,
+            "stages": stages,
+            "same_losses": same,
+        }
+        for n, start, s, same in [
+            (4, "cold", 10.0, None),
+            (4, "warm", 2.0, True),
+            (32, "cold", 30.0, None),
+            (32, "warm", 3.0, False),
+        ]
+    ]
+    got = first_step.ratios(rows)["step"]
+    assert got == {"cold 32 / cold 4 layers": 3.0, "warm / cold at 32 layers": 0.1}
+    record = {
+        "command": "python -m benchmarks.first_step",
+        "date": "d",
+        "machine": {"cpus_usable": 2, "load_avg": [0.5], "jax_device": "cpu"},
+        "results": {"rows": rows, "ratios": {"step": got}},
+    }
+    md = first_step.table(record)
+    assert "| step | 32 | warm | 3.0 |" in md and md.rstrip().endswith("| 0.10x |")
+    assert md.count("| NO |") == 1 and md.count("| yes |") == 1
+    docs = tmp_path / "d.md"
+    docs.write_text(f"head\n{first_step.MARKERS[0]}\nold\n{first_step.MARKERS[1]}\ntail\n")
+    first_step.write_docs(md, docs)
+    assert docs.read_text() == f"head\n{first_step.MARKERS[0]}\n{md}{first_step.MARKERS[1]}\ntail\n"

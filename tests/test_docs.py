@@ -35,3 +35,13 @@ def test_readme_real_size_plan_table_is_the_generated_one():
     table = (ROOT / "benchmarks" / "results" / "plan_real_sizes.md").read_text().strip()
     readme = (ROOT / "README.md").read_text()
     assert table in readme, "README's real-size table is stale: paste plan_real_sizes.md in"
+
+
+def test_compile_time_doc_table_is_the_generated_one():
+    """docs/compile-time.md's figures are benchmarks/results/first_step.md as
+    ``python -m benchmarks.first_step --docs`` last wrote them."""
+    table = (ROOT / "benchmarks" / "results" / "first_step.md").read_text()
+    docs = (ROOT / "docs" / "compile-time.md").read_text()
+    assert f"<!-- first_step:start -->\n{table}<!-- first_step:end -->" in docs, (
+        "docs/compile-time.md is stale: python -m benchmarks.first_step --docs"
+    )

@@ -57,3 +57,13 @@ def test_backend_entry_point_loads_the_package_root():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tensor([2., 2.])" in out.stdout
+
+
+def test_every_slow_listed_test_exists():
+    """tests/slow.txt names tests by id; a renamed test must not drop out of the list unseen."""
+    from tests.conftest import _slow_ids
+
+    for test_id in _slow_ids():
+        path, name = test_id.split("::")[:2]
+        source = (ROOT / path).read_text()
+        assert f"def {name.split('[')[0]}(" in source, f"tests/slow.txt: no {test_id}"

@@ -35,7 +35,7 @@ def _start(path: str, cache_dir, *flags: str, pythonpath=ROOT) -> subprocess.Pop
 
 def _result(proc: subprocess.Popen) -> tuple[dict, str]:
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-4000:]
+    assert proc.returncode == 0, err[-4000:] + "\nSTDOUT: " + out[-300:]
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT ")), err
 
@@ -96,23 +96,23 @@ def test_untrustworthy_saved_programs_are_rebuilt_with_one_warning(tmp_path):
     """Corrupt, truncated, other-version, other-option and other-format files, in turn: each
     is set aside with one warning naming why and compiled again (same losses), and the next
     process loads the program saved anew."""
-    cold, _ = _run("infer", tmp_path)
+    cold, _ = _run("mlp", tmp_path)
     for spoil, said in SPOILED:
         spoil(tmp_path)
-        rebuilt, err = _run("infer", tmp_path)
+        rebuilt, err = _run("mlp", tmp_path)
         warnings = [line for line in err.splitlines() if WARNING in line]
         assert len(warnings) == 1 and said in warnings[0], (said, err[-3000:])
         assert warnings[0].endswith("; compiling it again")
         assert rebuilt["loaded"] == 0 and rebuilt["losses"] == cold["losses"]
-    again, err = _run("infer", tmp_path)
+    again, err = _run("mlp", tmp_path)
     assert again["loaded"] == 1 and WARNING not in err
 
 
 def test_two_processes_share_a_cache_folder(tmp_path):
-    both = [_start("infer", tmp_path), _start("infer", tmp_path)]
+    both = [_start("mlp", tmp_path), _start("mlp", tmp_path)]
     results = [_result(p)[0] for p in both]
     assert results[0]["losses"] == results[1]["losses"]
-    warm, err = _run("infer", tmp_path)
+    warm, err = _run("mlp", tmp_path)
     assert warm["loaded"] == 1 and warm["losses"] == results[0]["losses"]
     assert WARNING not in err
 
@@ -120,17 +120,17 @@ def test_two_processes_share_a_cache_folder(tmp_path):
 def test_a_changed_lowering_invalidates_saved_programs(tmp_path):
     """The key holds a hash of the package's sources: a lowering edited (here, a comment added
     to the pointwise table) compiles anew instead of reusing programs built by the old one."""
-    cold, _ = _run("infer", tmp_path / "cache")
+    cold, _ = _run("mlp", tmp_path / "cache")
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "tpu_inductor", copy / "tpu_inductor")
     shutil.copytree(ROOT / "tests", copy / "tests")
     table = copy / "tpu_inductor" / "lowering" / "lowerings" / "pointwise.py"
     table.write_text(table.read_text() + "\n# edited\n")
-    edited, err = _run("infer", tmp_path / "cache", pythonpath=copy)
+    edited, err = _run("mlp", tmp_path / "cache", pythonpath=copy)
     assert edited["loaded"] == 0 and edited["losses"] == cold["losses"]
     assert WARNING not in err  # another key, not a bad entry
     assert len(_manifests(tmp_path / "cache")) == 2
-    original, _ = _run("infer", tmp_path / "cache")
+    original, _ = _run("mlp", tmp_path / "cache")
     assert original["loaded"] == 1
 
 

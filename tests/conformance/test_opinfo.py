@@ -6,7 +6,8 @@ first sample(s) and must match eager: structure, shapes and dtypes exactly, valu
 dtype's tolerance (overrides in ``tolerances.py``). Random ops get a statistical check instead.
 
 Known failures are data in ``expected_failures.py``; an entry listed there that passes fails
-the test, so the table cannot go stale. Environment variables:
+the test, so the table cannot go stale. The int64 and bool cases are marked ``slow`` (run them,
+and regenerate the table, with ``TPU_INDUCTOR_SLOW=1``). Environment variables:
 
 - ``TPU_INDUCTOR_OPINFO_SAMPLES``: samples per entry and dtype, an integer or ``all`` (default 1).
 - ``TPU_INDUCTOR_REGEN_XFAIL=1``: record the results of the entries that ran and rewrite
@@ -72,8 +73,13 @@ def test_tolerance_overrides_have_reasons():
             assert atol >= 0 and rtol >= 0 and reason.strip(), f"tolerances.py: {key}[{d}]"
 
 
+SLOW_DTYPES = ("int64", "bool")  # the default run checks float32 and bfloat16 (~11 -> ~7 min)
+
+
 @pytest.mark.parametrize(
-    ("op", "dtype_name"), CASES, ids=[f"{H.entry_key(op)}-{d}" for op, d in CASES]
+    ("op", "dtype_name"),
+    [pytest.param(op, d, marks=[pytest.mark.slow] if d in SLOW_DTYPES else []) for op, d in CASES],
+    ids=[f"{H.entry_key(op)}-{d}" for op, d in CASES],
 )
 def test_opinfo(op, dtype_name):
     """One OpInfo entry in one dtype against eager, held to expected_failures.py."""

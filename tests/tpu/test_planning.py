@@ -32,16 +32,16 @@ def _model():
 def _search(path: str) -> _Search:
     """The planner's probe for the tiny Llama on one v5e chip, batch searched at 128 tokens."""
     return _Search(
-        _model,
-        {"target": "v5e"},
-        causal_lm_loss,
-        token_ids,
-        torch.optim.AdamW,
-        None,
-        "batch",
-        1,
-        128,
-        path,
+        model_fn=_model,
+        options={"target": "v5e"},
+        loss_fn=causal_lm_loss,
+        inputs_fn=token_ids,
+        optimizer=torch.optim.AdamW,
+        dtype=None,
+        over="batch",
+        batch=1,
+        seq_len=128,
+        path=path,
     )
 
 
@@ -91,3 +91,21 @@ def test_bad_choices_are_named():
         largest_batch(_model, "v5e", checkpointing=("some",), print_table=False)
     with pytest.raises(ValueError, match="path"):
         largest_batch(_model, "v5e", path="two", print_table=False)
+
+
+def test_the_split_path_is_the_one_searched(small_v5e, caplog):
+    """``path="split"`` reaches the search (it was dropped, so a "split" plan was a one-program
+    plan): its probes compile three programs, and each probe says one progress line."""
+    import logging
+
+    from tpu_inductor.tpu import programs
+
+    caplog.set_level(logging.WARNING, logger="tpu_inductor.progress")
+    plan = largest_batch(
+        _model, "v5e", seq_len=128, checkpointing=("none",), path="split", print_table=False
+    )
+    roles = {p.role for p in programs.PROGRAMS}
+    assert "training step" not in roles and {"forward", "backward"} <= roles, roles
+    said = [r.getMessage() for r in caplog.records if "tpu-inductor plan:" in r.getMessage()]
+    assert len(said) == len(plan.rows[0].probes), said
+    assert all("none checkpointing, batch" in m and "per chip of" in m for m in said), said

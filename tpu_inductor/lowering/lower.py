@@ -490,7 +490,8 @@ def lower_graph(
                     with provenance(node):
                         value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
                 elif node.target is RUN_AND_SAVE_RNG:  # saves where its draws start
-                    state = _rng_state(seed, counter[0])
+                    # (an op that draws nothing, attention without dropout, saves no seed)
+                    state = _rng_state(seed, counter[0]) if has_rng else _NO_RNG_STATE
                     with provenance(node):
                         value = (state, LOWERINGS[args[0]](ctx, args[1:], kwargs))
                 elif node.target is RUN_WITH_RNG:  # replays the forward's draws
@@ -750,8 +751,9 @@ def _constant(value):
 def _is_random(node: fx.Node) -> bool:
     """Whether a node draws random numbers (its lowering's ``random``: a flag, or for a
     higher-order op a predicate of the node, e.g. whether a subgraph it calls draws)."""
-    if node.target is RUN_AND_SAVE_RNG:  # its key is drawn from the call's seed
-        return True
+    if node.target is RUN_AND_SAVE_RNG:  # random when the op it wraps draws (dropout > 0)
+        low = LOWERINGS.get(node.args[0])
+        return low is not None and (callable(low.random) or bool(low.random))
     low = LOWERINGS.get(node.target)
     if low is None:
         return False
@@ -767,6 +769,9 @@ def _scannable(node: fx.Node) -> bool:
     if node.target in PYTHON_OPS or node.target is COPY_ or node.target in _WRAPPERS:
         return False
     return not _is_random(node)
+
+
+_NO_RNG_STATE = np.zeros(12, np.uint8)
 
 
 def _rng_state(seed, start: int) -> jax.Array:

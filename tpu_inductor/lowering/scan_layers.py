@@ -286,6 +286,8 @@ def _freeze(a) -> Any:
         return ("slice", _freeze(a.start), _freeze(a.stop), _freeze(a.step))
     if isinstance(a, torch.Tensor):
         return ("tensor", id(a))
+    if isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return ("sym", str(a))  # symbolic values do not hash; their expressions compare
     if isinstance(a, float) and a != a:
         return ("nan",)
     return a
@@ -294,7 +296,7 @@ def _freeze(a) -> Any:
 def _spec(val) -> Any:
     """A value's shape and dtype (what must agree block to block)."""
     if isinstance(val, torch.Tensor):
-        return ("T", tuple(val.shape), val.dtype)
+        return ("T", tuple(_freeze(d) for d in val.shape), val.dtype)
     if isinstance(val, list | tuple):
         return tuple(_spec(v) for v in val)
     return ("V", type(val).__name__, _freeze(val))

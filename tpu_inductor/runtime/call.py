@@ -722,11 +722,8 @@ def device_input(
     zero-copy numpy view the executable copies in. ``bumped``: see ``DeviceValues.lookup``.
     Under a sharding ``plan`` every input is placed on the mesh (see ``sharding.py``).
 
-    ``private``: the value is copied on the host now instead of aliased. JAX reads a numpy
-    view or a DLPack import whenever the executable runs, and on CPU keeps aliasing it;
-    a call that returns before its executable has run (keep_on_device's lazy calls) would
-    otherwise compute with whatever eager code writes there meanwhile (a scheduler's
-    ``lr.fill_`` right after ``step()``: wrong updates, in 2 runs of 6 before this copy)."""
+    ``private``: copied on the host now, not aliased: JAX reads an aliased view when the
+    executable runs, so a lazy call (keep_on_device) would see later eager writes to it."""
     arr = VALUES.lookup(t, bumped)
     if arr is not None:
         return arr

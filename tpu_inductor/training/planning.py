@@ -8,10 +8,13 @@ chip, its roofline time, its MFU ceiling and its tokens/s ceiling.
 
 A probe is one compile of the whole step (``compile_step``: forward, backward and the optimizer
 in one program, ``fullgraph=True`` so that no part of it silently runs in eager and escapes the
-count). Peak memory grows close to linearly with the batch, so after two probes a line through
-them predicts the boundary; the search probes the prediction and bisects between the largest
-batch that fitted and the smallest that did not. A probe costs a TPU compile of the step: seconds
-for a small model, minutes for an 8B one (see the README's planning table for measured times).
+count), with ``scan_layers`` on by default (its layers compiled once: the compile does not grow
+with depth). Each probe says one line on the ``tpu_inductor.progress`` logger (shown without
+any logging set up): the size, the step peak, whether it fits, the seconds. Peak memory grows
+close to linearly with the batch, so the search probes two sizes, fits a line through them,
+probes the size the line predicts to be the last that fits and the one above it; when the
+prediction is off it fits the line again through the two nearest probes, and bisects only when
+that does not converge: about four probes per checkpointing choice.
 
 Anchor: MaxText's ``estimator.py`` (bisection over compiles of its own JAX train step).
 """
@@ -164,6 +167,7 @@ def largest_batch(
     inputs_fn: Callable[[int, int], tuple] = token_ids,
     dtype: torch.dtype | None = None,
     path: str = "one-program",
+    scan_layers: bool = True,
     max_size: int = 1 << 16,
     print_table: bool = True,
 ) -> FitPlan:
@@ -193,6 +197,8 @@ def largest_batch(
         path: ``"one-program"`` (``compile_step``: forward, backward and optimizer in one XLA
             program) or ``"split"`` (compiled model, ``loss.backward()``, compiled
             ``opt.step()``: three programs, what plain ``torch.compile`` users run).
+        scan_layers: compile the repeated layers once, as a scan (``options["scan_layers"]``;
+            the default: a probe's compile then does not grow with depth).
         max_size: stop growing the search here.
         print_table: print the plan.
 
@@ -218,14 +224,25 @@ def largest_batch(
             f"largest_batch: unknown checkpointing choice(s) {bad}; use any of {CHECKPOINTING}"
         )
     t = tpu_target(target)
-    options: dict[str, Any] = {"target": target}
+    options: dict[str, Any] = {"target": target, "scan_layers": scan_layers}
     unit = 128 if over == "seq" else 1
     if shardings is not None or mesh_axes is not None:
         mesh = t.mesh(mesh_axes or ("data",))
         options |= {"mesh": mesh, "shardings": shardings or "dp"}
         if over == "batch":
             unit = _data_degree(mesh)
-    search = _Search(model_fn, options, loss_fn, inputs_fn, optimizer, dtype, over, batch, seq_len)
+    search = _Search(
+        model_fn=model_fn,
+        options=options,
+        loss_fn=loss_fn,
+        inputs_fn=inputs_fn,
+        optimizer=optimizer,
+        dtype=dtype,
+        over=over,
+        batch=batch,
+        seq_len=seq_len,
+        path=path,
+    )
     rows = [search.row(choice, unit, max_size) for choice in checkpointing]
     plan = FitPlan(target, over, batch, seq_len, _plan_name(shardings, mesh_axes), rows, path)
     if print_table:
@@ -245,7 +262,7 @@ def _data_degree(mesh) -> int:
     return int(dict(mesh.shape).get("data", 1))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class _Search:
     model_fn: Callable
     options: dict
@@ -259,6 +276,7 @@ class _Search:
     path: str = "one-program"
 
     def row(self, choice: str, unit: int, max_size: int) -> FitRow:
+        """The largest size (a multiple of ``unit``, at most ``max_size``) whose step fits."""
         probes: dict[int, Probe] = {}
 
         def probe(n: int) -> Probe:
@@ -266,37 +284,9 @@ class _Search:
                 probes[n] = self.probe(choice, n)
             return probes[n]
 
-        lo, hi = None, None  # largest size that fits, smallest that does not
-        first = probe(unit)
-        if not first.fits:
-            return self._row(choice, None, list(probes.values()))
-        lo = unit
-        second = probe(2 * unit) if 2 * unit <= max_size else None
-        if second is not None and second.fits:
-            lo = 2 * unit
-            # a line through the two probes predicts the boundary (peak ~ linear in size)
-            per_unit = max(second.peak_bytes - first.peak_bytes, 1)
-            room = self._hbm - second.peak_bytes
-            guess = 2 * unit + int(room // per_unit) * unit
-            guess = max(min(guess, max_size), lo)
-            while hi is None and lo < max_size:
-                p = probe(guess)
-                if p.fits:
-                    lo = guess
-                    guess = min(max(2 * guess, guess + unit), max_size)
-                    if guess == lo:
-                        break
-                else:
-                    hi = guess
-        elif second is not None:
-            hi = 2 * unit
-        while hi is not None and hi - lo > unit:
-            mid = lo + ((hi - lo) // unit // 2) * unit
-            if probe(mid).fits:
-                lo = mid
-            else:
-                hi = mid
-        return self._row(choice, lo, list(probes.values()), probes[lo])
+        size = _largest_fitting(probe, unit, max_size, self._hbm)
+        found = list(probes.values())
+        return self._row(choice, size, found, probes.get(size) if size else None)
 
     @functools.cached_property
     def _hbm(self) -> int:
@@ -363,7 +353,17 @@ class _Search:
         errors = [p.error for p in report.programs if not p.compiled]
         training = [st for st in report.steps if st.name.startswith("training")]
         if not training and errors:  # refused, e.g. too big for HBM: it does not fit
-            return Probe(size, False, 0, 0.0, None, seconds, error=errors[0].splitlines()[0])
+            error = errors[0].splitlines()[0]
+            log.warning(
+                "tpu-inductor plan: %s checkpointing, %s %d: the TPU compiler refused the step "
+                "(%s), so it does not fit (%.0f s)",
+                choice,
+                self.over,
+                size,
+                error,
+                seconds,
+            )
+            return Probe(size, False, 0, 0.0, None, seconds, error=error)
         if not training:
             raise RuntimeError(
                 "largest_batch: the step compiled no training-step program; "
@@ -372,11 +372,13 @@ class _Search:
         st = training[0]
         peak = st.peak[0]
         fits = not errors and st.fits
-        log.info(
-            "largest_batch: %s checkpointing, size %d: step peak %s per chip (%s) in %.1f s",
+        log.warning(
+            "tpu-inductor plan: %s checkpointing, %s %d: step peak %s per chip of %s, %s (%.0f s)",
             choice,
+            self.over,
             size,
             _gib(peak),
+            _gib(self._hbm),
             "fits" if fits else "does not fit",
             seconds,
         )
@@ -389,6 +391,76 @@ class _Search:
             seconds,
             error=errors[0].splitlines()[0] if errors else None,
         )
+
+
+def _largest_fitting(probe: Callable[[int], Probe], unit: int, top: int, hbm: int) -> int | None:
+    """The largest multiple of ``unit`` up to ``top`` whose probe fits, or ``None``.
+
+    Two probes give a line (peak against size); the size it predicts to be the last that fits
+    is probed, and the one above it to confirm. A wrong prediction adds its probe to the line
+    (the largest size that fits and the smallest that does not) and predicts again; after four
+    predictions the rest is bisection between them.
+    """
+    fits: dict[int, Probe] = {}
+    fails: dict[int, Probe] = {}
+
+    def ask(n: int) -> bool:
+        p = probe(n)
+        (fits if p.fits else fails)[n] = p
+        return p.fits
+
+    if not ask(unit):
+        return None
+    if 2 * unit > top or not ask(2 * unit):
+        return unit
+    for _ in range(4):
+        lo = max(fits)
+        hi = min(fails) if fails else None
+        if hi is not None and hi - lo <= unit:
+            return lo
+        guess = _predict(fits, fails, unit, hbm)
+        guess = max(lo + unit, min(guess, top, (hi - unit) if hi is not None else top))
+        if guess <= lo or guess in fits or guess in fails:
+            break
+        if ask(guess):
+            if guess + unit > top or not ask(guess + unit):
+                return guess
+        elif guess - unit in fits:
+            return guess - unit
+    lo = max(fits)
+    hi = min(fails) if fails else None
+    while hi is None and lo < top:  # only fits so far: grow until one does not
+        nxt = min(2 * lo, top)
+        if not ask(nxt):
+            hi = nxt
+        lo = max(fits)
+        if nxt == top and hi is None:
+            return top
+    while hi is not None and hi - lo > unit:
+        mid = lo + ((hi - lo) // unit // 2) * unit
+        if ask(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _predict(fits: dict, fails: dict, unit: int, hbm: int) -> int:
+    """The size a line predicts to be the last that fits (a peak just under ``hbm``), as a
+    multiple of ``unit``: the line through the largest size that fits and the smallest that
+    does not, or through the two largest that fit."""
+    lo = max(fits)
+    measured = [n for n in fails if fails[n].peak_bytes]  # a refused compile has no peak
+    if measured:
+        (s1, p1), (s2, p2) = (lo, fits[lo]), (min(measured), fails[min(measured)])
+    else:
+        s1, s2 = sorted(fits)[-2:]
+        p1, p2 = fits[s1], fits[s2]
+    a1, a2 = p1.peak_bytes, p2.peak_bytes
+    if s2 == s1 or a2 <= a1:  # no slope to fit
+        return 2 * lo
+    per = (a2 - a1) / (s2 - s1)
+    return int((s1 + (hbm - a1) / per) // unit) * unit
 
 
 def checkpoint_blocks(model: torch.nn.Module, choice: str) -> int:
