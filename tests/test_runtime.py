@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import tpu_inductor
 from tests.helpers import assert_same, check_fn, compiled
 from tpu_inductor.runtime import cache
 
@@ -467,3 +468,35 @@ def test_lazy_call_does_not_read_host_memory_changed_after_it_returns():
             y = fn(x)
             x.fill_(1000.0)
             assert_same(y.detach(), expected, rtol=1e-4)
+
+
+@torch.library.custom_op("tpu_inductor_test_stages::flip", mutates_args=())
+def _flip(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1)
+
+
+@_flip.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["one-program", "eager-island"])
+def test_report_splits_the_first_call_by_stage(fallback):
+    """report() gives each Dynamo graph's first call by stage: Dynamo and AOTAutograd once per
+    Dynamo graph (on its first program, fallback islands included), lowering and XLA per
+    program; nothing loaded without cache_dir."""
+    lin = torch.nn.Linear(8, 8)
+
+    def fn(x):
+        y = torch.nn.functional.gelu(lin(x))
+        return torch.ops.tpu_inductor_test_stages.flip(y) if fallback else y
+
+    with torch.no_grad():
+        want = fn(torch.ones(2, 8))
+        got = torch.compile(fn, backend="tpu")(torch.ones(2, 8))
+    torch.testing.assert_close(got, want)
+    report = tpu_inductor.report(print_table=False)
+    st = report.stage_seconds()
+    assert all(st[k] > 0 for k in ("dynamo", "aot", "lower", "xla")) and st["load"] == 0, st
+    assert sum(1 for g in report.graphs if g.stages["dynamo"] > 0) == 1
+    assert "dynamo s" in str(report) and "xla s" in str(report)
