@@ -230,8 +230,9 @@ def run_ours(workload: str, variant: str, small: bool, target: str, options: dic
 def _step_programs(programs: list, marks: list[int]) -> tuple[list, set[int]]:
     """The programs the last call runs, and the calls that compiled them: per role (forward,
     backward, optimizer, inference), those compiled by the latest call that compiled that role
-    (a one-program step's first call compiles a program that also creates the optimizer state;
-    its second call, the steady state; a split step compiles all three programs in its first)."""
+    (a one-program step whose optimizer makes its state lazily, SGD with dampening, compiles a
+    state-creating program first and the steady one at its second call; a split step compiles
+    all three programs in its first)."""
     call_of = [sum(1 for m in marks if m <= i) - 1 for i in range(len(programs))]
     last: dict[str, int] = {}
     for p, c in zip(programs, call_of, strict=True):
