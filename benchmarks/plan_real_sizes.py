@@ -34,9 +34,8 @@ import sys
 import time
 from typing import Any
 
-RESULTS = pathlib.Path(__file__).parent / "results"
-OUT_JSON = RESULTS / "plan_real_sizes.json"
-OUT_MD = RESULTS / "plan_real_sizes.md"
+RESULTS = pathlib.Path(__file__).parent / "results"  # the committed figures (--results)
+LOCAL = RESULTS / "local"  # the default: git-ignored, so a run never rewrites tracked files
 
 # config.json of each model card, by hand (https://huggingface.co/<repo>/blob/main/config.json)
 LLAMA_3_1_8B = dict(  # meta-llama/Llama-3.1-8B
@@ -92,6 +91,19 @@ MAXTEXT = {
     "v5p llama2-70b": "65.4% MFU, 692 tokens/s/device (Llama 2 70B, v5p 512 chips, BF16, SL 4096)",
 }
 
+# Published measured steps (tpu-recipes, AI-Hypercomputer/tpu-recipes@c8cfe2f6): one log line
+PUBLISHED = {
+    "v6e-8 llama3.1-8b": {
+        "step_s": 3.443,
+        "tokens_per_s_per_device": 7138.890,
+        "source": "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-8/README.md "
+        "(MaxText, 3 x 8192 per device, fsdp 8)",
+        "differs": "MaxText offloads each layer's input and q/k/v/out projections to host "
+        "memory and recomputes the rest; this plan keeps layer inputs in HBM and recomputes "
+        "the whole layer (full checkpointing)",
+    },
+}
+
 # fsdp x tp for Llama names (weights [out, in]): tp's Megatron split over "model", the other
 # dimension over "data" (what fsdp shards)
 _FSDP_TP = {
@@ -117,6 +129,9 @@ class Row:
     batch: int
     seq: int
     maxtext: str | None = None
+    # a published measured run of the same model, chip, per-device batch and sequence:
+    # {"step_s": ..., "tokens_per_s_per_device": ..., "source": ..., "differs": ...}
+    measured: dict | None = None
 
 
 ROWS = {
@@ -132,6 +147,8 @@ ROWS = {
             {"data": 8}, "fsdp", 8, 4096),
         Row("llama8b-tpu7x8", "Llama-3.1-8B", "llama", LLAMA_3_1_8B, "tpu7x-8", {"data": 8},
             "fsdp", 8, 8192),
+        Row("llama8b-v6e8-b3", "Llama-3.1-8B", "llama", LLAMA_3_1_8B, "v6e-8", {"data": 8},
+            "fsdp", 24, 8192, measured=PUBLISHED["v6e-8 llama3.1-8b"]),
     )
 }  # fmt: skip
 
@@ -202,6 +219,8 @@ def plan_one(row: Row, layers: int | None) -> dict[str, Any]:
         errors = [p.error for p in report.programs if p.error]
         return {"failed": (errors[0] if errors else probe.error or "no step").splitlines()[0]}
     (step,) = steps
+    step.model_flops = model_flops(config, row.batch, row.seq)
+    step.tokens = row.batch * row.seq
     chip = target.chip
     devices, chips = target.num_devices, target.num_chips
     tokens = row.batch * row.seq
@@ -214,6 +233,11 @@ def plan_one(row: Row, layers: int | None) -> dict[str, Any]:
         "step_peak_bytes": step.peak[0],
         "usable_bytes": step.usable_bytes,
         "roofline_s": seconds,
+        "predicted_s": step.predicted_seconds,
+        "compiler_s": sum(p.compiler_seconds for p in step.programs),
+        "predicted_mfu": step.predicted_mfu,
+        "predicted_tokens_per_s_per_chip": step.predicted_tokens_per_s_per_chip,
+        "peak_parts": step.peak_parts(),
         "compute_s": sum(p.compute_seconds for p in step.programs),
         "memory_s": sum(p.memory_seconds for p in step.programs),
         "ici_s": step.comm_seconds,
@@ -248,7 +272,8 @@ def _child(row_id: str, layers: int | None, out: str) -> None:
 def run_row(row: Row, layers: int | None, timeout: float) -> dict[str, Any]:
     """Run one row in a subprocess under ``timeout`` seconds; a row that runs past it, or
     dies (killed for memory), is recorded with the reason."""
-    out = RESULTS / f".{row.id}.tmp.json"
+    out = LOCAL / f".{row.id}.tmp.json"
+    LOCAL.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.plan_real_sizes", "--child", row.id, "--out", str(out)]
     if layers:
@@ -286,8 +311,9 @@ def table(records: list[dict]) -> str:
     head = (
         "| model | target (devices) | plan | layers | batch x seq | fits? | step peak / device "
         "| roofline step | compute / HBM / ICI s | MFU ceiling (model / hw) "
-        "| tokens/s/chip ceiling | compile here (load avg at start) | MaxText measured |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| tokens/s/chip ceiling | predicted step (MFU, tokens/s/chip) "
+        "| compile here (load avg at start) | measured (published) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in records:
@@ -301,9 +327,23 @@ def table(records: list[dict]) -> str:
             f"| {row['batch']} x {row['seq']} "
         )
         mt = MAXTEXT.get(row.get("maxtext") or "", "-")
+        measured = row.get("measured")
+        if measured and r.get("predicted_s"):
+            # compare per device-step: the published step runs the same per-device batch
+            error = r["predicted_s"] / measured["step_s"] - 1
+            mt = (
+                f"{measured['step_s']:.3f} s, {measured['tokens_per_s_per_device']:,.0f} "
+                f"tokens/s/device ({measured['source']}); predicted {error:+.0%}"
+            )
         if "failed" in r:
-            lines.append(first + f"| {r['failed']} |" + " - |" * 6 + f" {mt} |")
+            lines.append(first + f"| {r['failed']} |" + " - |" * 7 + f" {mt} |")
             continue
+        predicted = "-"
+        if r.get("predicted_s"):
+            predicted = (
+                f"{r['predicted_s']:.2f} s ({r['predicted_mfu']:.1%}, "
+                f"{r['predicted_tokens_per_s_per_chip']:,.0f})"
+            )
         gib = r["step_peak_bytes"] / 2**30
         load = f", load {r['load_avg_before'][0]:.1f}" if r.get("load_avg_before") else ""
         lines.append(
@@ -313,6 +353,7 @@ def table(records: list[dict]) -> str:
             f"| {r['compute_s']:.2f} / {r['memory_s']:.2f} / {r['ici_s']:.2f} "
             f"| {r['mfu_ceiling']:.1%} / {r['hw_mfu_ceiling']:.1%} "
             f"| {r['tokens_per_s_per_chip']:,.0f} "
+            f"| {predicted} "
             f"| {r['wall_s']:.0f} s (XLA {r['xla_compile_s']:.0f} s, "
             f"{r['max_rss_gib']:.1f} GiB RSS{load}) "
             f"| {mt} |"
@@ -326,6 +367,12 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=None, help="compile at this depth instead")
     p.add_argument("--timeout", type=float, default=480.0)
     p.add_argument("--list", action="store_true")
+    p.add_argument(
+        "--results",
+        default=str(LOCAL),
+        help="folder for plan_real_sizes.json and .md (default benchmarks/results/local, "
+        "git-ignored; benchmarks/results holds the figures the docs show)",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -337,7 +384,10 @@ def main() -> None:
         return None
     from benchmarks.suite import machine_info
 
-    old = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"results": []}
+    folder = pathlib.Path(args.results)
+    folder.mkdir(parents=True, exist_ok=True)
+    out_json, out_md = folder / "plan_real_sizes.json", folder / "plan_real_sizes.md"
+    old = json.loads(out_json.read_text()) if out_json.exists() else {"results": []}
     by_id = {r["id"]: r for r in old["results"]}
     machine = machine_info()
     for rid in args.rows or list(ROWS):
@@ -350,8 +400,8 @@ def main() -> None:
         print(json.dumps({k: v for k, v in record.items() if k != "machine"}, indent=1))
     order = {rid: i for i, rid in enumerate(ROWS)}
     records = sorted(by_id.values(), key=lambda r: (order.get(r["row"]["id"], 99), r["id"]))
-    OUT_JSON.write_text(json.dumps({"results": records}, indent=2) + "\n")
-    OUT_MD.write_text(table(records) + "\n")
+    out_json.write_text(json.dumps({"results": records}, indent=2) + "\n")
+    out_md.write_text(table(records) + "\n")
     print(table(records))
     return None
 

@@ -112,3 +112,51 @@ ENTRY %main (p0: f32[1024], p1: f32[2048]) -> f32[1024] {
 """
     # prefetch of p0 (4 KiB read) + slice of p1 (4 KiB read) + fusion.1's result (4 KiB)
     assert hlo.hbm_bytes(text) == 3 * 4096
+
+
+_LOOP = """HloModule m
+
+%body (s: (s32[], f32[4,1024])) -> (s32[], f32[4,1024]) {
+  %s = (s32[], f32[4,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %x = f32[4,1024]{1,0} get-tuple-element(%s), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one), backend_config={"estimated_cycles":"10"}
+  %y = f32[4,1024]{1,0} fusion(%x), kind=kLoop, calls=%f, backend_config={"estimated_cycles":"100"}
+  ROOT %t = (s32[], f32[4,1024]{1,0}) tuple(%next, %y)
+}
+
+%cond (s: (s32[], f32[4,1024])) -> pred[] {
+  %s = (s32[], f32[4,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%f (a: f32[4,1024]) -> f32[4,1024] {
+  %a = f32[4,1024]{1,0} parameter(0)
+  ROOT %m = f32[4,1024]{1,0} multiply(%a, %a), backend_config={"estimated_cycles":"999"}
+}
+
+ENTRY %main (p: f32[4,1024]) -> f32[4,1024] {
+  %p = f32[4,1024]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4,1024]{1,0}) tuple(%zero, %p)
+  %w = (s32[], f32[4,1024]{1,0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[4,1024]{1,0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_a_loop_body_counts_once_per_trip_and_its_state_not_at_all():
+    """HBM bytes, bytes moved and the compiler's cycles of a ``while``: its body's ops once per
+    trip (4) and its condition's once more, the loop's own state (passed by reference) not at
+    all, a fusion's inside not again (it is the fusion's)."""
+    from tpu_inductor.tpu import hlo
+
+    fusion = 2 * 4 * 1024 * 4  # its operand and result, f32[4,1024]
+    add = 3 * 4  # two s32 operands and a result
+    compare = 4 + 4 + 1  # the condition's, run once more than the body
+    assert hlo.hbm_bytes(_LOOP) == 4 * (fusion + add) + 5 * compare
+    assert hlo.bytes_moved(_LOOP) == hlo.hbm_bytes(_LOOP)  # nothing on chip here
+    assert hlo.estimated_cycles(_LOOP) == 4 * (100 + 10)

@@ -93,19 +93,28 @@ def test_bad_choices_are_named():
         largest_batch(_model, "v5e", path="two", print_table=False)
 
 
-def test_the_split_path_is_the_one_searched(small_v5e, caplog):
-    """``path="split"`` reaches the search (it was dropped, so a "split" plan was a one-program
-    plan): its probes compile three programs, and each probe says one progress line."""
+def test_the_split_path_is_the_one_searched(small_v5e, caplog, monkeypatch):
+    """``path="split"`` reaches the search: through the public function, every probe compiles
+    three programs (forward, backward, optimizer), and each probe says one progress line."""
     import logging
 
     from tpu_inductor.tpu import programs
 
     caplog.set_level(logging.WARNING, logger="tpu_inductor.progress")
+    per_probe = []
+    probe = _Search.probe
+
+    def counted(self, choice, size):
+        result = probe(self, choice, size)  # each probe starts from tpu_inductor.reset()
+        per_probe.append(sorted(p.role for p in programs.PROGRAMS))
+        return result
+
+    monkeypatch.setattr(_Search, "probe", counted)
     plan = largest_batch(
         _model, "v5e", seq_len=128, checkpointing=("none",), path="split", print_table=False
     )
-    roles = {p.role for p in programs.PROGRAMS}
-    assert "training step" not in roles and {"forward", "backward"} <= roles, roles
+    assert per_probe and len(per_probe) == len(plan.rows[0].probes)
+    assert all(roles == ["backward", "forward", "optimizer"] for roles in per_probe), per_probe
     said = [r.getMessage() for r in caplog.records if "tpu-inductor plan:" in r.getMessage()]
     assert len(said) == len(plan.rows[0].probes), said
     assert all("none checkpointing, batch" in m and "per chip of" in m for m in said), said

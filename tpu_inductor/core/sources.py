@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 
 import torch
@@ -78,29 +79,137 @@ _ROOT = re.compile(r"^(?:L|G)\[['\"][^'\"]*['\"]\](?:\[\d+\])?\.?")
 
 def source_location(node) -> tuple[str, int, str] | None:
     """``(file, line, function)`` of the user's code a node comes from (its stack trace's last
-    frame, or its nearest traced neighbour's), or ``None``."""
-    trace = _nearest_trace(node)
+    frame, or its nearest traced neighbour's; for a backward node traced from ``backward()``,
+    its forward op's), or ``None``."""
+    trace = _nearest_trace(forward_twin(node) or node)
     frames = _FRAME.findall(trace) if trace else []
     if not frames:
         return None
-    file, line, function = frames[-1]
+    # our own wrappers (a checkpointed or region-marked layer's forward) are not the user's
+    theirs = [f for f in frames if not f[0].startswith(_PACKAGE)] or frames
+    file, line, function = theirs[-1]
     return file, int(line), function
 
 
-def module_path(node) -> str | None:
-    """The torch module a node comes from, as ``named_modules()`` names it
-    (``model.layers.3.mlp.down_proj``; the compiled module's class name for its own code): the
-    innermost entry of Dynamo's ``nn_module_stack`` (``fwd_nn_module_stack`` for a backward
-    node). ``None`` outside any module (a compiled function)."""
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def forward_twin(node) -> fx.Node | None:
+    """The forward node whose module and source line a backward node is named by, where the
+    graph traced ``backward()`` itself (``compile_step``) and the node carries no forward
+    module of its own. ``None`` for a forward node, or a backward one that already carries its
+    forward's module (AOTAutograd's own backward graphs).
+
+    Autograd's number (``seq_nr``) joins a backward op to its forward op where each backward
+    op got its own; where the trace gave one number to the whole backward (Dynamo traces
+    ``loss.backward()`` as one ``autograd.grad``), the twin is found by data flow instead: the
+    forward value of the deepest module the backward op reads (a saved activation), else the
+    twin of the backward op it reads. NOTE: by data flow a weight's gradient is named by the
+    module that made the activation it multiplies (``mlp`` for ``mlp.down_proj``'s weight).
+    """
     meta = getattr(node, "meta", {})
-    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
-    if not stack:
+    if not meta.get("autograd_backward") or meta.get("fwd_nn_module_stack"):
         return None
-    path, cls = list(stack.values())[-1][:2]
+    if meta.get("nn_module_stack"):  # recomputed under checkpointing: its own module
+        return None
+    twins = getattr(node.graph, "_tpu_inductor_twins", None)
+    if twins is None:
+        twins = _twins(node.graph)
+        node.graph._tpu_inductor_twins = twins
+    return twins.get(node)
+
+
+# A seq_nr shared by more backward ops than one forward op's backward makes names none.
+_ONE_OP = 8
+
+
+def _twins(graph: fx.Graph) -> dict:
+    """``forward_twin`` of every backward node of ``graph`` that has one."""
+    forward: dict = {}
+    backward: dict = {}
+    for n in graph.nodes:
+        key = n.meta.get("seq_nr")
+        if n.meta.get("autograd_backward"):
+            backward.setdefault(key, []).append(n)
+        elif n.meta.get("nn_module_stack"):
+            forward.setdefault(key, []).append(n)
+    twins: dict = {}
+    for key, nodes in backward.items():
+        found = forward.get(key, [])
+        stacks = {tuple(map(str, f.meta["nn_module_stack"])) for f in found}
+        if key is not None and len(nodes) <= _ONE_OP and len(stacks) == 1:
+            twins.update((b, found[0]) for b in nodes)
+    for n in graph.nodes:  # by data flow, in graph order: inputs are decided first
+        if not n.meta.get("autograd_backward") or n in twins or n.meta.get("nn_module_stack"):
+            continue
+        reads = [a for a in n.all_input_nodes if a.op == "call_function"]
+        made = [a for a in reads if a.meta.get("nn_module_stack")]
+        made = [a for a in made if not a.meta.get("autograd_backward")]
+        if made:
+            twins[n] = max(made, key=lambda a: len(a.meta["nn_module_stack"]))
+            continue
+        inherited = [twins[a] for a in reads if a in twins]
+        if inherited:
+            twins[n] = max(inherited, key=lambda a: len(a.meta["nn_module_stack"]))
+    return twins
+
+
+# Attribute chains Dynamo records on the way to a module that name no module of their own:
+# a closure's cell, a bound method's ``__self__`` (a wrapped forward's ``_inner`` default).
+_NOT_MODULES = (
+    re.compile(r"(?:^|\.)__closure__\.\d+\.cell_contents(?=\.|$)"),
+    re.compile(r"\.\w+\.__kwdefaults__\.\w+\.__self__(?=\.|$)"),
+    re.compile(r"\.\w+\.__self__(?=\.|$)"),
+    re.compile(r"(?:^|\.)_orig_mod(?=\.|$)"),
+)
+
+
+def _dotted(path) -> str:
     path = _ROOT.sub("", str(path))
     path = re.sub(r"\._modules\[['\"](\w+)['\"]\]", r".\1", path)
     path = re.sub(r"\[['\"]?(\w+)['\"]?\]", r".\1", path).strip(".")
-    return path or getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].strip("'>")
+    for pattern in _NOT_MODULES:
+        path = pattern.sub("", path).strip(".")
+    return path
+
+
+def module_path(node) -> str | None:
+    """The torch module a node comes from, as the outermost module's ``named_modules()``
+    names it (``model.layers.3.mlp.down_proj`` in a ``LlamaForCausalLM``; the outermost
+    module's class name for its own code): the innermost entry of Dynamo's
+    ``nn_module_stack`` (``fwd_nn_module_stack``, or the forward twin's, for a backward
+    node), relative to the outermost. ``None`` outside any module (a compiled function)."""
+    twin = forward_twin(node)
+    meta = getattr(twin if twin is not None else node, "meta", {})
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    entries = list(stack.values())
+    path, cls = entries[-1][:2]
+    path, root = _dotted(path), _dotted(entries[0][0])
+    # torch.compile(model) leaves the model itself (L['self']) out of the stack; a step
+    # function's model is its first entry, a variable whose name is not the model's
+    inside = str(entries[0][0]).startswith(("L['self']", 'L["self"]'))
+    if root and not inside and (path == root or path.startswith(root + ".")):
+        path = path[len(root) :].lstrip(".")
+    if not path:
+        cls = entries[-1][1]
+        return getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].strip("'>")
+    return path
+
+
+def run_path(first, last) -> str | None:
+    """The modules of a run of repeated layers from its first and last node's
+    :func:`module_path`: ``model.layers.0-31`` (``None`` when neither has one)."""
+    a, b = module_path(first), module_path(last)
+    if a is None or b is None or a == b:
+        return a or b
+    pa, pb = a.split("."), b.split(".")
+    for i, (x, y) in enumerate(zip(pa, pb, strict=False)):
+        if x != y:
+            lo, hi = sorted((x, y), key=lambda v: (len(v), v))
+            return ".".join(pa[:i] + [f"{lo}-{hi}"])
+    return a
 
 
 def scope_name(node) -> str:
@@ -147,15 +256,16 @@ def _exclude_ourselves() -> None:
 
 
 @contextlib.contextmanager
-def provenance(node):
-    """Trace a node's lowering under its :func:`scope_name` and with its user source line as
-    JAX's current traceback, so both reach the compiled program's op metadata."""
+def provenance(node, scope: str | None = None):
+    """Trace a node's lowering under its :func:`scope_name` (or ``scope``) and with its user
+    source line as JAX's current traceback, so both reach the compiled program's op
+    metadata."""
     import jax
     from jax._src import source_info_util
 
     _exclude_ourselves()
     where = source_location(node)
-    with jax.named_scope(scope_name(node)):
+    with jax.named_scope(scope or scope_name(node)):
         if where is None:
             yield
             return

@@ -313,6 +313,8 @@ SWITCHES = (
     ("tpu_inductor.lowering.lowerings.linalg", "TPU_HALF_DOTS"),
     ("tpu_inductor.lowering.lowerings.splash_attention", "SPLASH_ATTENTION"),
     ("tpu_inductor.lowering.lowerings.attention", "FUSED_SOFTMAX_PLATFORMS"),
+    ("tpu_inductor.lowering.lowerings.long_attention", "PLATFORMS"),
+    ("tpu_inductor.lowering.lowerings.long_attention", "MIN_LENGTH"),
     ("tpu_inductor.lowering.leading_dims", "PLATFORMS"),
     ("tpu_inductor.dynamo.backend", "DONATE_ON_CPU"),
 )

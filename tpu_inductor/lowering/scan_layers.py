@@ -54,6 +54,8 @@ from jax import lax
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.node import map_arg
 
+from tpu_inductor.core import sources
+
 log = logging.getLogger("tpu_inductor.lowering.scan_layers")
 
 # The first numbered module in a path: "L['self'].model.layers.3.mlp" -> ("...layers", 3).
@@ -357,7 +359,12 @@ class ScanGroup:
         forward's saved activations) takes the stacked array instead of stacking copies."""
         template = self.blocks[0]
         tpos = {n: i for i, n in enumerate(template)}
-        xs = tuple(_stacked([env[n] for n in nodes], stacks) for nodes in self.xs)
+        values = [[env[n] for n in nodes] for nodes in self.xs]
+        # the backward reads the forward's stacks last layer first: it runs them reversed
+        # instead of flipping a copy of each (lax.scan's reverse=True)
+        orders = [_order(v, stacks) for v in values]
+        reverse = "reverse" in orders and "forward" not in orders and not self._pairs()
+        xs = tuple(_stacked(v, stacks, reverse=reverse) for v in values)
         placed = stacks.get("placed") or Placements({})
         init = tuple(placed.carry(env[node]) for _, node in self.carry)
 
@@ -380,16 +387,34 @@ class ScanGroup:
             )
             return new, tuple(local[p] for p in self.ys)
 
-        final, ys = self._scan(body, init, xs)
+        first = next((n for n in self.blocks[0] if sources.module_path(n)), self.blocks[0][0])
+        with sources.provenance(first, self.scope()):
+            final, ys = self._scan(body, init, xs, reverse=reverse)
+        last = len(self.blocks) - 1
         for k, p in enumerate(self.ys):
             for i, block in enumerate(self.blocks):
                 if block[p] in self.needed:
-                    env[block[p]] = ys[k][i]
-                    stacks[id(env[block[p]])] = (ys[k], i, env[block[p]])
+                    at = last - i if reverse else i
+                    env[block[p]] = ys[k][at]
+                    stacks[id(env[block[p]])] = (ys[k], at, env[block[p]])
         for k, (p, _) in enumerate(self.carry):
             last = self.blocks[-1][p]
             if last in self.needed and last not in env:
                 env[last] = final[k]
+
+    def scope(self) -> str:
+        """The named scope of the loop in the program: the layers it runs, as the model names
+        them (``model.layers.0-31/lax::scan``, ``backward/`` in front for a backward run), so
+        the report names the loop by the user's modules."""
+        first = next((n for n in self.blocks[0] if sources.module_path(n)), self.blocks[0][0])
+        last = self.blocks[-1][self.blocks[0].index(first)]
+        backward = "backward/" if first.meta.get("autograd_backward") else ""
+        path = sources.run_path(first, last)
+        if path is None:  # an optimizer's update of each layer's parameters
+            traces = (n.meta.get("stack_trace") or "" for n in self.blocks[0])
+            optim = ("/torch/optim/", "/tpu_inductor/dynamo/optimizers.py")
+            path = "optimizer" if any(o in t for t in traces for o in optim) else self.name
+        return f"{backward}{path}/lax::scan"
 
     def _pairs(self) -> dict[int, int]:
         """For a scan with no carry (an optimizer update): ``ys`` index -> the ``xs`` index
@@ -408,14 +433,14 @@ class ScanGroup:
                 del free[j]
         return pairs
 
-    def _scan(self, body, init, xs):
+    def _scan(self, body, init, xs, reverse: bool = False):
         """``lax.scan(body, init, xs)``; for an update scan, each new value is written into
         the stack of an input it replaces (``_pairs``: read at layer ``i``, then overwritten
         at ``i``), so the loop holds one stacked copy of the state, not an input and an
         output stack (``scan_updates``' peak; see docs/architecture.md)."""
         pairs = self._pairs()
         if not pairs:
-            return lax.scan(body, init, xs, length=len(self.blocks))
+            return lax.scan(body, init, xs, length=len(self.blocks), reverse=reverse)
         order = list(pairs.items())  # (ys index, xs index)
         inner = [j for j in range(len(xs)) if j not in pairs.values()]
 
@@ -443,18 +468,33 @@ class ScanGroup:
         return final, tuple(ys)
 
 
-def _stacked(values: list, stacks: dict):
-    """``jnp.stack(values)``, or the array they were sliced from (in order, or reversed: the
-    backward runs the layers last to first) when an earlier scan made them."""
+def _order(values: list, stacks: dict) -> str | None:
+    """``"forward"`` or ``"reverse"`` when ``values`` are an earlier scan's stack, all of it, in
+    its order or reversed; else ``None``."""
     found = [stacks.get(id(v)) for v in values]
-    if all(f is not None and f[2] is v for f, v in zip(found, values, strict=True)):
-        whole = found[0][0]
-        index = [f[1] for f in found]
-        if all(f[0] is whole for f in found) and len(values) == whole.shape[0]:
-            if index == list(range(len(values))):
-                return whole
-            if index == list(range(len(values)))[::-1]:
-                return jnp.flip(whole, 0)
+    if not all(f is not None and f[2] is v for f, v in zip(found, values, strict=True)):
+        return None
+    whole = found[0][0]
+    if not all(f[0] is whole for f in found) or len(values) != whole.shape[0]:
+        return None
+    index = [f[1] for f in found]
+    if index == list(range(len(values))):
+        return "forward"
+    if index == list(range(len(values)))[::-1]:
+        return "reverse"
+    return None
+
+
+def _stacked(values: list, stacks: dict, reverse: bool = False):
+    """``jnp.stack(values)`` (``values[::-1]`` with ``reverse``), or the array they were sliced
+    from when an earlier scan made them (:func:`_order`; flipped only where its order is not
+    the one asked for)."""
+    order = _order(values, stacks)
+    if order is not None:
+        whole = stacks[id(values[0])][0]
+        return whole if (order == "reverse") == reverse else jnp.flip(whole, 0)
+    if reverse:
+        values = values[::-1]
     key = ("stack", *map(id, values))  # the same values stacked twice (weights: forward, update)
     hit = stacks.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[1], values, strict=True)):

@@ -34,6 +34,7 @@ from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.dtypes import to_jax_dtype
 from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
 from tpu_inductor.core.transfers import D2H, H2D, Counter
+from tpu_inductor.lowering import mesh_scope
 from tpu_inductor.runtime import cache, device_owned, signatures
 from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.runtime.residency import (
@@ -150,9 +151,7 @@ class Executables:
         """``jax.jit`` of the lowered graph (a fresh function: JAX's caches of traces, modules and
         executables are keyed weakly on it, so dropping it frees them: ``release``), with the
         slots ``zeros`` taken as :class:`Zeros` (static)."""
-        lowered = self.lowered
-
-        fn = lowered.packed
+        fn = self.lowered.packed
 
         def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
@@ -160,7 +159,8 @@ class Executables:
                 inputs = [
                     jax.numpy.zeros(a.shape, a.dtype) if type(a) is Zeros else a for a in inputs
                 ]
-            outs = fn(seed, *inputs)
+            with mesh_scope.tracing_on(*((self.plan.mesh, self.plan.inputs) if self.plan else ())):
+                outs = fn(seed, *inputs)
             if self._constraints:
                 outs = list(outs)
                 for j, where in self._constraints.items():

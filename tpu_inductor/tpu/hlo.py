@@ -127,8 +127,13 @@ def _split_shape(rest: str) -> tuple[str, str]:
 def _entry_ops(text: str):
     """``(name, shape, opcode, operand shapes, rest of the line)`` of each top-level op of the
     entry computation (parameters, bitcasts, tuples and the like skipped)."""
+    yield from _ops(_entry_lines(text))
+
+
+def _ops(lines):
+    """:func:`_entry_ops` of one computation's instruction lines."""
     shapes: dict[str, str] = {}
-    for line in _entry_lines(text):
+    for line in lines:
         m = _INSTR.match(line)
         if m is None:
             continue
@@ -139,6 +144,61 @@ def _entry_ops(text: str):
         if opcode not in _SKIP:
             operands = re.findall(r"%([\w.\-]+)", tail.split("),", 1)[0])
             yield name, shape, opcode, [shapes.get(o, "") for o in operands], tail
+
+
+# Ops whose operands and results are a loop's or call's state, passed by reference: their
+# bytes are moved by the ops of the computations they run, counted there.
+_CONTROL = {"while", "call", "conditional", "async-start", "async-done", "async-update"}
+_CONTROL_REF = re.compile(r"\b(?:body|condition)=%([\w.\-]+)")
+_CALL_REF = re.compile(r" call\(.*\bto_apply=%([\w.\-]+)")
+
+
+def control_computations(text: str) -> dict[str, list[str]]:
+    """The computations of a module that run as a sequence of ops (the entry, loop bodies and
+    conditions, conditional branches, called computations), not a fusion's or a reduction's
+    inside: ``{name: instruction lines}``."""
+    from tpu_inductor.tpu.hlo_loops import split_computations
+
+    comps, entry = split_computations(text)
+    if entry is None:
+        return {}
+    names = {entry}
+    for lines in comps.values():
+        for line in lines:
+            names.update(_CONTROL_REF.findall(line))
+            names.update(_CALL_REF.findall(line))
+            if " conditional(" in line:
+                branches = re.search(r"branch_computations=\{([^}]*)\}", line)
+                if branches:
+                    names.update(b.strip().lstrip("%") for b in branches.group(1).split(","))
+    return {n: comps[n] for n in names if n in comps}
+
+
+def per_run(text: str, of_line) -> float:
+    """``sum(of_line(...))`` over the ops of a module's control computations, each as many
+    times as it runs per call (a loop body once per trip: ``hlo_loops.computation_counts``).
+    ``of_line(shape, opcode, operand shapes, rest)`` gives one op's figure."""
+    from tpu_inductor.tpu.hlo_loops import computation_counts
+
+    counts = computation_counts(text)
+    total = 0.0
+    for name, lines in control_computations(text).items():
+        times = counts.get(name, 1)
+        for _, shape, opcode, operands, tail in _ops(lines):
+            total += times * of_line(shape, opcode, operands, tail)
+    return total
+
+
+def estimated_cycles(text: str) -> float:
+    """The TPU compiler's cycle estimate of a whole call: each op's ``estimated_cycles`` times
+    the runs of its computation (ops the compiler does not estimate, as a Pallas kernel's
+    custom call, count 0)."""
+
+    def cycles(shape, opcode, operands, tail):
+        m = re.search(r'"estimated_cycles":"(\d+)"', tail)
+        return int(m.group(1)) if m else 0
+
+    return per_run(text, cycles)
 
 
 def top_ops(text: str) -> list[Op]:
@@ -169,33 +229,46 @@ def _hbm(shape_text: str) -> int:
     return sum(n for n, in_hbm in _arrays(shape_text) if in_hbm)
 
 
+def _op_bytes(shape, opcode, operands, hbm_only: bool) -> int:
+    """Bytes one op reads and writes (only those in HBM with ``hbm_only``)."""
+    if opcode in _CONTROL or opcode == "slice-done":
+        return 0
+    arrays = _arrays(shape)
+
+    def size(x: str) -> int:
+        return sum(n for n, in_hbm in _arrays(x) if in_hbm or not hbm_only)
+
+    if opcode == "copy-start" and len(arrays) >= 2:  # (destination, source, context)
+        dest, dest_hbm = arrays[0]
+        return (dest if dest_hbm or not hbm_only else 0) + size(operands[0] if operands else "")
+    if opcode == "slice-start" and len(arrays) >= 2:  # ((source), slice, context)
+        (_, source_hbm), (piece, piece_hbm) = arrays[0], arrays[1]
+        return piece * 2 if not hbm_only else piece * (source_hbm + piece_hbm)
+    return size(shape) + sum(size(o) for o in operands)
+
+
 def hbm_bytes(text: str) -> int:
-    """The bytes an optimized HLO module's top-level ops read from and write to HBM.
+    """The bytes an optimized HLO module's ops read from and write to HBM per call, a loop
+    body's once per trip (:func:`per_run`).
 
     XLA's ``cost_analysis`` "bytes accessed" counts every operand and result of every op,
     wherever it lives: on a TPU, memory-space assignment keeps values that fit in the on-chip
     memory (layouts marked ``S(1)``) and prefetches inputs into it (``copy-start`` / sliced
     ``slice-start``), and each of those is counted again where it is read. This counts only
-    HBM: an op's operands and results in memory space 0, a prefetch's HBM side once. Where
-    nothing fits on chip (arrays of 256 MiB and more) the two agree; for a float32 MLP
-    ``gelu(x @ w1) @ w2`` of ``[4096, 1024]`` activations (v5e) "bytes accessed" is 335.6 MB and
-    this 67.1 MB, its inputs and output once (the hidden activation stays on chip).
-    ``tests/tpu/test_hlo_hbm.py`` checks both.
+    HBM: an op's operands and results in memory space 0, a prefetch's HBM side once; a loop's
+    or call's own operands (its state, passed by reference) not at all. Where nothing fits on
+    chip (arrays of 256 MiB and more) the two agree; for a float32 MLP ``gelu(x @ w1) @ w2`` of
+    ``[4096, 1024]`` activations (v5e) "bytes accessed" is 335.6 MB and this 67.1 MB, its inputs
+    and output once (the hidden activation stays on chip). ``tests/tpu/test_hlo_hbm.py`` checks
+    both.
     """
-    total = 0
-    for _, shape, opcode, operands, _ in _entry_ops(text):
-        if opcode == "slice-done":
-            continue
-        arrays = _arrays(shape)
-        if opcode == "copy-start" and len(arrays) >= 2:  # (destination, source, context)
-            dest, dest_hbm = arrays[0]
-            total += (dest if dest_hbm else 0) + _hbm(operands[0] if operands else "")
-        elif opcode == "slice-start" and len(arrays) >= 2:  # ((source), slice, context)
-            (_, source_hbm), (piece, piece_hbm) = arrays[0], arrays[1]
-            total += piece * (source_hbm + piece_hbm)
-        else:
-            total += _hbm(shape) + sum(_hbm(o) for o in operands)
-    return total
+    return int(per_run(text, lambda sh, op, ops, _: _op_bytes(sh, op, ops, hbm_only=True)))
+
+
+def bytes_moved(text: str) -> int:
+    """Every operand and result of a module's ops per call, wherever it lives (HBM or on
+    chip), a loop body's once per trip: :func:`hbm_bytes` is the HBM part of it."""
+    return int(per_run(text, lambda sh, op, ops, _: _op_bytes(sh, op, ops, hbm_only=False)))
 
 
 def _scope(op_name: str) -> str:

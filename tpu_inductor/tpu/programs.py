@@ -11,6 +11,7 @@ person reads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import pathlib
@@ -92,8 +93,12 @@ class Program:
         memory: ``memory_analysis()`` per chip: ``argument``, ``output``, ``temp``, ``alias``,
             ``code`` bytes (empty when the compile failed).
         flops, bytes_accessed, transcendentals: ``cost_analysis()`` of the program (per chip).
-        hbm_traffic: what its top-level ops read from and write to HBM (:func:`hlo.hbm_bytes`:
-            bytes accessed without the values XLA keeps on chip, a prefetch counted once).
+        hbm_traffic: what its ops read from and write to HBM per call (:func:`hlo.hbm_bytes`:
+            a loop body once per trip, without the values XLA keeps on chip, a prefetch once).
+        bytes_moved: every operand and result of its ops per call (:func:`hlo.bytes_moved`),
+            of which ``hbm_traffic`` is the HBM part; XLA's ``bytes_accessed`` counts a loop
+            body once.
+        cycles: the TPU compiler's cycle estimate of a call (:func:`hlo.estimated_cycles`).
         xla_seconds: XLA's own time estimate, ``None`` where it gives none (a negative value).
         ops: the top-level ops of the optimized HLO, with estimates and sources (``hlo.Op``).
         matmul_flops: ``(operand dtype, precision) -> FLOPs`` of its matmuls (from the jaxpr).
@@ -118,6 +123,8 @@ class Program:
     flops: float = 0.0
     bytes_accessed: float = 0.0
     hbm_traffic: float = 0.0
+    bytes_moved: float = 0.0
+    cycles: float = 0.0
     transcendentals: float = 0.0
     xla_seconds: float | None = None
     ops: list = dataclasses.field(default_factory=list)
@@ -173,8 +180,23 @@ class Program:
 
     @property
     def memory_seconds(self) -> float:
-        """The program's bytes accessed at the chip's HBM bandwidth."""
-        return self.bytes_accessed / self.target.chip.hbm_bytes_per_s
+        """The program's HBM traffic per call (:attr:`hbm_traffic`) at the chip's HBM
+        bandwidth."""
+        return self.hbm_traffic / self.target.chip.hbm_bytes_per_s
+
+    @property
+    def compiler_seconds(self) -> float:
+        """The TPU compiler's own time for a call: its cycle estimate of every op, a loop body
+        once per trip, at the rate its estimates convert to seconds (:func:`cycle_rate`).
+        Ops it does not estimate (a Pallas kernel's custom call) count 0."""
+        return self.cycles / cycle_rate(self.target.chip.generation) if self.cycles else 0.0
+
+    @property
+    def predicted_seconds(self) -> float:
+        """The time a call is predicted to take: the compiler's estimate
+        (:attr:`compiler_seconds`), never below the roofline (:attr:`roofline_seconds`, a
+        lower bound that also sees what the compiler does not estimate)."""
+        return max(self.compiler_seconds, self.roofline_seconds)
 
     @property
     def comm_seconds(self) -> float:
@@ -421,6 +443,36 @@ def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
     program.hlo_text = compiled.as_text()
     program.ops = hlo.top_ops(program.hlo_text)
     program.hbm_traffic = float(hlo.hbm_bytes(program.hlo_text))
+    program.bytes_moved = float(hlo.bytes_moved(program.hlo_text))
+    program.cycles = float(hlo.estimated_cycles(program.hlo_text))
+
+
+_CALIBRATION = 8192  # a bf16 [n, n] @ [n, n] matmul: compute bound on every generation
+
+
+@functools.cache
+def cycle_rate(generation: str) -> float:
+    """Cycles per second of the TPU compiler's ``estimated_cycles`` for ``generation``: what
+    it estimates for a bf16 ``8192^3`` matmul over the time it gives that program itself
+    (``cost_analysis()["optimal_seconds"]``). Compiled once per process (a few seconds);
+    where the compiler gives no time, the matmul at the datasheet's bf16 peak."""
+    from tpu_inductor.tpu.targets import tpu_target
+
+    target = tpu_target(generation)
+    n = _CALIBRATION
+    spec = jax.ShapeDtypeStruct(
+        (n, n), np.dtype("bfloat16") if hasattr(np, "bfloat16") else jax.numpy.bfloat16,
+        sharding=jax.sharding.SingleDeviceSharding(target.devices[0]),
+    )  # fmt: skip
+    compiled = compile_lowered(jax.jit(lambda a, b: a @ b).trace(spec, spec).lower(), {})
+    cycles = hlo.estimated_cycles(compiled.as_text())
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    seconds = cost.get("optimal_seconds") or -1
+    if seconds <= 0:
+        seconds = 2 * n**3 / target.chip.bf16_flops
+    return cycles / seconds
 
 
 def explain_error(error: Exception, jaxpr, target: Target) -> str:

@@ -46,7 +46,7 @@ class Chip:
             cited page gives none.
         cores: TensorCores per device (v4 and v5p: two, joined as one "megacore" device).
         devices_per_chip: JAX devices per chip (TPU7x: 2, one per chiplet).
-        source: where the figures come from.
+        source: where the figures come from; ``hbm_source``: where the capacity comes from.
     """
 
     generation: str
@@ -62,6 +62,14 @@ class Chip:
     dims: int  # the topology's grid rank: 2 (v5e, v6e) or 3 (v4, v5p, TPU7x)
     source: str
     devices_per_chip: int = 1
+    hbm_source: str = "the datasheet"
+
+    def __post_init__(self):
+        if self.usable_hbm_bytes > self.hbm_bytes:
+            raise ValueError(
+                f"{self.generation}: usable HBM {self.usable_hbm_bytes} above the capacity "
+                f"{self.hbm_bytes}"
+            )
 
     def peak_flops(self, dtype: str, precision: str = "default") -> float:
         """Peak matmul FLOP/s for operands of ``dtype`` at XLA ``precision``.
@@ -95,10 +103,12 @@ CHIPS: dict[str, Chip] = {
         "at 819 GB/s, ICI 400 GB/s bidirectional, DCN 6.4 Tbps per 256-chip pod)",
     ),
     "v5p": Chip(
-        "v5p", "TPU v5", 95 * GiB, int(95.74 * GiB), 2.765e12, 459e12, 918e12, 1200e9, 50e9 / 8,
-        2, 3,
+        "v5p", "TPU v5", 103_000_000_000, int(95.74 * GiB), 2.765e12, 459e12, 918e12, 1200e9,
+        50e9 / 8, 2, 3,
         f"{_TPU7X} (v5p column: 459 TFLOP/s bf16, 95 GiB HBM at 2,765 GB/s, ICI 1,200 GB/s "
         "bidirectional, DCN 50 Gb/s per chip); 918 TOP/s int8: https://cloud.google.com/tpu/docs/v5p",
+        hbm_source="103 GB: JAX's TPU table (jax/_src/pallas/mosaic/tpu_info.py); the "
+        "datasheet's 95 GiB is below what libtpu lets a program use",
     ),
     "v6e": Chip(
         "v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB), 1.638e12, 918e12, 1836e12, 800e9,

@@ -67,10 +67,16 @@ class Step:
 
     Attributes:
         name: ``"training step"`` or ``"inference"``; ``programs``: its programs, in order.
+        model_flops: the step's model FLOPs, all devices together, as MaxText counts them
+            (``6 x`` matmul parameters ``x`` tokens plus attention), for
+            :attr:`predicted_mfu`; ``None``: its matmul FLOPs (recomputation included).
+        tokens: tokens per step, for :attr:`predicted_tokens_per_s_per_chip`.
     """
 
     name: str
     programs: list[Program]
+    model_flops: float | None = None
+    tokens: int | None = None
 
     @property
     def flops(self) -> float:
@@ -91,6 +97,36 @@ class Step:
     def roofline_seconds(self) -> float:
         """The sum of its programs' roofline times (each is a lower bound)."""
         return sum(p.roofline_seconds for p in self.programs)
+
+    @property
+    def predicted_seconds(self) -> float:
+        """The step's predicted time: its programs' :attr:`Program.predicted_seconds` (the TPU
+        compiler's own estimate, a loop body once per trip, never below the roofline), one
+        after another. It does not see the host's input pipeline, the data-center network
+        (DCN) between slices, nor host offload."""
+        return sum(p.predicted_seconds for p in self.programs)
+
+    @property
+    def predicted_mfu(self) -> float | None:
+        """Model FLOP utilization at :attr:`predicted_seconds`, as MaxText defines it: model
+        FLOPs per device over (step time x the device's bf16 peak)."""
+        seconds = self.predicted_seconds
+        if not seconds or not self.programs:
+            return None
+        p0 = self.programs[0]
+        flops = self.model_flops
+        if flops is None:
+            flops = sum(p.total_matmul_flops for p in self.programs)
+        return flops / p0.chips / (seconds * p0.target.chip.bf16_flops)
+
+    @property
+    def predicted_tokens_per_s_per_chip(self) -> float | None:
+        """:attr:`tokens` per :attr:`predicted_seconds` per chip (``None`` without tokens)."""
+        seconds = self.predicted_seconds
+        if not seconds or not self.tokens or not self.programs:
+            return None
+        p0 = self.programs[0]
+        return self.tokens / seconds / (p0.chips / p0.target.chip.devices_per_chip)
 
     @property
     def comm_seconds(self) -> float:
@@ -136,8 +172,35 @@ class Step:
 
     @property
     def usable_bytes(self) -> int:
-        """HBM a program may use on one device (libtpu's figure)."""
+        """HBM a program may use on one device (libtpu's figure, never above the capacity)."""
         return self.programs[0].hbm_bytes if self.programs else 0
+
+    def peak_parts(self) -> list[tuple[str, int]]:
+        """The step peak per device split into parts that add up to it: the resident
+        parameters and state (optimizer moments, buffers, a KV cache) and the peak program's
+        other arguments, its outputs that do not reuse an argument's buffer, its temporaries
+        (saved activations, gradients and transients as XLA's buffer assignment places them),
+        its code, and resident values beside it that are not its arguments."""
+        peak, where = self.peak
+        if where is None or not where.memory:
+            return [("total", peak)]
+        m = where.memory
+        args = {v.key: v for v in where.values}
+        params = sum(v.bytes for v in args.values() if v.kind == "parameter")
+        state = sum(v.bytes for v in args.values() if v.kind == "state")
+        parts = [
+            ("parameters", params),
+            ("optimizer state and buffers", state),
+            ("other arguments", m["argument"] - params - state),
+            ("outputs not aliased", m["output"] - m["alias"]),
+            ("temporaries", m["temp"]),
+            ("code", m["code"]),
+            ("resident beside it", self.held_beside(where)),
+        ]
+        rest = peak - sum(n for _, n in parts)
+        if rest:
+            parts.append(("XLA's peak above its parts", rest))
+        return [(k, n) for k, n in parts if n]
 
     @property
     def fits(self) -> bool:
@@ -298,7 +361,8 @@ def _target_section(progs: list[Program]) -> list[str]:
     devices = f", {t.num_devices} devices" if c.devices_per_chip > 1 else ""
     lines = [
         f"tpu-inductor TPU report: {t.topology} ({t.num_chips} x {c.device_kind}{devices}; per "
-        f"{per}: {size(c.usable_hbm_bytes)} HBM usable by a program (of {size(c.hbm_bytes)}), "
+        f"{per}: {size(c.usable_hbm_bytes)} HBM usable by a program (libtpu's figure) of "
+        f"{size(c.hbm_bytes)} ({c.hbm_source}), "
         f"{c.hbm_bytes_per_s / 1e9:,.0f} GB/s, {c.bf16_flops / 1e12:,.0f} TFLOP/s bf16, ICI "
         f"{c.ici_bytes_per_s / 1e9:,.0f} GB/s)",
         f"  compiled by libtpu {_libtpu_version()} without a TPU: nothing ran. Figures are XLA's"
@@ -307,7 +371,7 @@ def _target_section(progs: list[Program]) -> list[str]:
         f"  {UNITS}",
         f"  {'program':<26} {'role':<13} {'dev':>3} {'HBM peak':>10} {'usable':>6} "
         f"{'args':>10} {'outputs':>10} {'temp':>10} {'donated':>10} {'GFLOP':>8} "
-        f"{'GiB moved':>9} {'GiB HBM':>8} {'comm MiB':>8} {'roofline ms':>11} {'XLA ms':>7} "
+        f"{'GiB moved':>9} {'GiB HBM':>8} {'comm MiB':>8} {'roofline ms':>11} {'predicted ms':>12} "
         f"{'bound':>7} {'compile s':>9}",
     ]
     for p in progs:
@@ -320,9 +384,9 @@ def _target_section(progs: list[Program]) -> list[str]:
             f"  {p.name:<26} {p.role:<13} {p.chips:>3} {size(p.peak_bytes):>10} "
             f"{p.peak_bytes / p.hbm_bytes:>6.1%} {size(m['argument']):>10} "
             f"{size(m['output']):>10} {size(m['temp']):>10} {size(m['alias']):>10} "
-            f"{p.flops / 1e9:>8.2f} {p.bytes_accessed / 2**30:>9.3f} {p.hbm_traffic / 2**30:>8.3f} "
+            f"{p.flops / 1e9:>8.2f} {p.bytes_moved / 2**30:>9.3f} {p.hbm_traffic / 2**30:>8.3f} "
             f"{(f'{comm / 2**20:,.1f}' if p.comms else '-'):>8} "
-            f"{_ms(p.roofline_seconds):>11} {_ms(p.xla_seconds):>7} {p.bound:>7} "
+            f"{_ms(p.roofline_seconds):>11} {_ms(p.predicted_seconds):>12} {p.bound:>7} "
             f"{p.compile_seconds:>9.1f}"
         )
     ok = [p for p in progs if p.compiled]
@@ -335,16 +399,13 @@ def _target_section(progs: list[Program]) -> list[str]:
             else "or XLA's peak_memory_in_bytes where larger (it counts on-chip VMEM too)"
         )
         + "; usable: of the HBM a program may use",
-        "GiB moved: XLA's bytes accessed; GiB HBM: what the ops read from and write to HBM "
-        "(bytes moved less the values XLA keeps on chip and counts again, tpu.hlo.hbm_bytes)",
-        "roofline: max(matmul FLOPs at peak, bytes moved at HBM bandwidth, collectives at ICI "
-        "bandwidth) (they overlap at best); bound: which of the three sets it",
+        "GiB moved: every operand and result of the program's ops per call, a loop body once "
+        "per trip; GiB HBM: the part of it in HBM (less the values XLA keeps on chip, "
+        "tpu.hlo.hbm_bytes); GFLOP: XLA's cost analysis (a loop body once)",
+        "roofline: max(matmul FLOPs at peak, HBM bytes at HBM bandwidth, collectives at ICI "
+        "bandwidth) (they overlap at best); bound: which of the three sets it; predicted: the "
+        "TPU compiler's cycle estimate per call, never below the roofline",
     ]
-    if any(p.xla_seconds is None for p in ok):
-        notes.append(
-            "XLA ms '-': the TPU compiler gave no time estimate for that program "
-            "(cost_analysis has optimal_seconds < 0); the roofline stands alone"
-        )
     if any(not p.comms for p in ok):
         notes.append("comm MiB '-': no collectives (one device, or nothing to exchange)")
     lines += [f"  ({n})" for n in notes]
@@ -411,22 +472,32 @@ def _step_lines(step: Step) -> list[str]:
     beside = step.held_beside(where) if where else 0
     kept = [
         f"{label} {size(step.resident_bytes(kind))}"
-        for kind, label in (("parameter", "parameters"), ("state", "state updated in place"))
+        for kind, label in (
+            ("parameter", "parameters"),
+            ("state", "optimizer state and buffers updated in place"),
+        )
         if step.resident_bytes(kind)
     ]
+    parts = " + ".join(f"{label} {size(n)}" for label, n in step.peak_parts())
+    predicted = f"predicted {step.predicted_seconds * 1e3:,.3f} ms"
+    if step.predicted_mfu is not None and step.name.startswith("training"):
+        predicted += f" (MFU {step.predicted_mfu:.1%}"
+        per_chip = step.predicted_tokens_per_s_per_chip
+        predicted += f", {per_chip:,.0f} tokens/s/chip)" if per_chip else ")"
     return [
         f"{step.name} ({roles}) on {step.programs[0].target.topology}, per device:",
         f"  resident through the step: {', '.join(kept) or 'nothing'} (state: optimizer "
         "moments, KV cache, buffers; saved activations and gradients live between the "
-        "programs that make and take them)",
+        "programs that make and take them, or in a program's temporaries)",
         f"  step peak {size(peak)} during {where.name if where else '-'} (its peak "
         f"{size(own)} + {size(beside)} "
         f"resident that are not its arguments; the largest program alone: "
         f"{size(largest.peak_bytes)}): {step.verdict()}",
+        f"  step peak = {parts}",
         f"  {step.flops / 1e9:,.2f} GFLOP, {step.bytes_accessed / 2**30:,.3f} GiB accessed "
         f"({step.hbm_traffic / 2**30:,.3f} GiB HBM traffic), "
         f"collectives {step.comm_seconds * 1e3:,.3f} ms, roofline "
-        f"{step.roofline_seconds * 1e3:,.3f} ms{ceiling}",
+        f"{step.roofline_seconds * 1e3:,.3f} ms{ceiling}; {predicted}",
     ]
 
 

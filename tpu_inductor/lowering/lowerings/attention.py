@@ -7,6 +7,7 @@ Half-precision inputs compute the softmax in float32, like torch's CPU kernels.
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tpu_inductor.lowering.lowerings import long_attention
 from tpu_inductor.lowering.lowerings.nn import layer_norm
 from tpu_inductor.lowering.lowerings.registry import (
     accumulate_in,
@@ -24,6 +26,7 @@ from tpu_inductor.lowering.lowerings.registry import (
 )
 
 aten = torch.ops.aten
+log = logging.getLogger("tpu_inductor")
 
 
 # --- 1. scaled dot-product attention --------------------------------------------------------------
@@ -230,6 +233,27 @@ def sdpa_flash_cpu(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None
 ):
     # NOTE: dropout_p > 0 is refused at registration (unsupported.REFUSED): eager runs it.
+    attn_mask = _as_boolean(ctx, attn_mask)
+    form = long_attention.plan(ctx.platform, query, key, value, attn_mask, dropout_p)
+    if form is not None:
+        log.debug(long_attention.describe(form, query, key))
+        if form == "splash":
+            out, lse = long_attention.splash_forward(
+                query, key, value, attn_mask, is_causal, _scale(query, scale)
+            )
+        else:
+            out, lse = long_attention.blockwise_forward(
+                attention,
+                query,
+                key,
+                value,
+                attn_mask,
+                is_causal,
+                scale,
+                ctx.precision,
+                ctx.platform,
+            )
+        return out.astype(query.dtype), lse.astype(ctx.out_dtype(1))
     out, lse = attention(
         query,
         key,
@@ -261,6 +285,19 @@ def sdpa_flash_cpu_backward(
     attn_mask=None,
     scale=None,
 ):
+    attn_mask = _as_boolean(ctx, attn_mask)
+    form = long_attention.plan(ctx.platform, query, key, value, attn_mask, dropout_p)
+    if form == "splash":
+        grads = long_attention.splash_backward(
+            grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, _scale(query, scale)
+        )
+        return tuple(g.astype(ctx.out_dtype(i)) for i, g in enumerate(grads))
+    if form == "blockwise":
+        grads = long_attention.blockwise_backward(
+            attention_backward, grad_out, query, key, value, out, logsumexp, attn_mask,
+            is_causal, scale, ctx.precision, ctx.platform,
+        )  # fmt: skip
+        return tuple(g.astype(ctx.out_dtype(i)) for i, g in enumerate(grads))
     if query.ndim != 4:
         f = lambda q, k, v: attention(  # noqa: E731
             q, k, v, attn_mask, is_causal, scale, ctx.precision, ctx.platform
@@ -281,6 +318,47 @@ def sdpa_flash_cpu_backward(
         ctx.platform,
     )
     return tuple(g.astype(ctx.out_dtype(i)) for i, g in enumerate(grads))
+
+
+# Ops that keep a tensor's values (-inf stays -inf, 0 stays 0) between a mask and SDPA.
+_VALUE_KEEPING = frozenset(
+    {aten.expand.default, aten.view.default, aten.unsqueeze.default, aten._to_copy.default,
+     aten.clone.default, aten.alias.default, aten.slice.Tensor, aten.squeeze.dim,
+     aten.permute.default}
+)  # fmt: skip
+
+
+def _constant(arg):
+    """The value of a number, or of a node that makes a 0-d constant, else ``None``."""
+    if isinstance(arg, int | float):
+        return arg
+    target = getattr(arg, "target", None)
+    if target is aten.scalar_tensor.default:
+        return arg.args[0]
+    if target in (aten.full.default, aten.full_like.default):
+        return arg.args[1]
+    return None
+
+
+def _as_boolean(ctx, attn_mask):
+    """A float mask torch made from a boolean one (``sdpa`` turns ``attn_mask=bool`` into
+    ``where(mask, 0, -inf)`` before its kernel) as that boolean, so the long forms can treat it
+    as a mask rather than a bias; any other mask as it is. Read from the graph (the mask's
+    producer, through value-keeping views and casts): a placeholder's values are unknown."""
+    if attn_mask is None or attn_mask.dtype == jnp.bool_:
+        return attn_mask
+    node = ctx.node.kwargs.get("attn_mask")
+    while getattr(node, "target", None) in _VALUE_KEEPING:
+        node = node.args[0]
+    if getattr(node, "target", None) is not aten.where.self:
+        return attn_mask
+    if _constant(node.args[1]) == 0 and _constant(node.args[2]) == -math.inf:
+        return attn_mask != -jnp.inf
+    return attn_mask
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
 
 def attention_backward(

@@ -246,18 +246,49 @@ def make_kernel(mask, sizes, soft_cap: float | None, interpret: bool):
     return kernel
 
 
-def _per_batch(mask, fn, *arrays):
+def _per_batch(mask, fn, *arrays, kv_outputs: tuple[int, ...] = ()):
     """``fn(kernel, *one_batch_arrays)`` over the batch: ``mask`` is ``(static_mask, make)`` or
-    ``(array [Bm, H, M, N], make)``; with ``Bm > 1`` every batch element gets its own kernel
-    (its MaskInfo is batched, which Pallas runs as a loop over the batch)."""
+    ``(array [Bm, h, M, N], make)``; with ``Bm > 1`` every batch element gets its own kernel
+    (its MaskInfo is batched, which Pallas runs as a loop over the batch). An array mask with
+    one head (``h == 1``) under several query heads makes a one-head kernel run per head
+    (:func:`_per_head`), so the mask is never copied per head; ``kv_outputs`` are the positions
+    of ``fn``'s results that have key/value heads (gradients of k and v)."""
     m, make = mask
+    shared = isinstance(m, jax.Array) and m.shape[1] == 1 and arrays[0].shape[1] > 1
+    run = functools.partial(_per_head, fn, kv_outputs=kv_outputs) if shared else fn
     # Splash's index arithmetic assumes 32-bit Python ints (lax.div(int32, int) fails under
     # x64, which the backend traces with), so the kernel is traced with x64 off.
     with jax.enable_x64(False):
         if isinstance(m, jax.Array) and m.shape[0] > 1:
-            return jax.vmap(lambda mb, *a: fn(make(mb), *a))(m, *arrays)
+            return jax.vmap(lambda mb, *a: run(make(mb), *a))(m, *arrays)
         kernel = make(m[0] if isinstance(m, jax.Array) else m)
-        return jax.vmap(lambda *a: fn(kernel, *a))(*arrays)
+        return jax.vmap(lambda *a: run(kernel, *a))(*arrays)
+
+
+def _per_head(fn, kernel, q, k, v, *rest, kv_outputs: tuple[int, ...] = ()):
+    """``fn(kernel, q, k, v, *rest)`` for one batch element with a one-head ``kernel``: each
+    query head (``q`` and ``rest`` are ``[H, ...]``) against its group's key/value head (``k``,
+    ``v``: ``[Hkv, ...]``). Results are ``[H, ...]``, those at ``kv_outputs`` summed over each
+    group to ``[Hkv, ...]``."""
+    H, Hkv = q.shape[0], k.shape[0]
+
+    def group(x):
+        return x.reshape(Hkv, H // Hkv, *x.shape[1:])
+
+    def one(qh, kh, vh, *r):
+        return fn(kernel, qh[None], kh[None], vh[None], *(x[None] for x in r))
+
+    n = len(rest)
+    inner = jax.vmap(one, in_axes=(0, None, None) + (0,) * n)
+    results = jax.vmap(inner, in_axes=(0, 0, 0) + (0,) * n)(group(q), k, v, *map(group, rest))
+    flat, tree = jax.tree_util.tree_flatten(results)
+    outs = []
+    for i, x in enumerate(flat):  # [Hkv, G, 1, ...]
+        x = x[:, :, 0]
+        outs.append(
+            x.astype(jnp.float32).sum(axis=1) if i in kv_outputs else x.reshape(H, *x.shape[2:])
+        )
+    return jax.tree_util.tree_unflatten(tree, outs)
 
 
 def forward(mask, q, k, v, scale: float):
@@ -357,6 +388,6 @@ def backward(mask, q, k, v, out, lse, d_out, d_lse, empty, scale: float):
         do = jnp.where(empty[..., None], jnp.zeros((), do.dtype), do)
         g = jnp.where(empty, 0.0, g)
     di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1) - g
-    dq, dk, dv = _per_batch(mask, _backward_one, qs, k, v, lse, do, di)
+    dq, dk, dv = _per_batch(mask, _backward_one, qs, k, v, lse, do, di, kv_outputs=(1, 2))
     dq = dq.astype(jnp.float32) * scale
     return dq, dk.astype(jnp.float32), dv.astype(jnp.float32)
