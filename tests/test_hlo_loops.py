@@ -160,3 +160,33 @@ def test_a_loop_body_counts_once_per_trip_and_its_state_not_at_all():
     assert hlo.hbm_bytes(_LOOP) == 4 * (fusion + add) + 5 * compare
     assert hlo.bytes_moved(_LOOP) == hlo.hbm_bytes(_LOOP)  # nothing on chip here
     assert hlo.estimated_cycles(_LOOP) == 4 * (100 + 10)
+
+
+_STACK = """HloModule m
+
+%f (p0: f32[8,1024], p1: s32[], p2: f32[8,1024]) -> f32[8,1024] {
+  %p0 = f32[8,1024]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %p2 = f32[8,1024]{1,0} parameter(2)
+  %zero = s32[] constant(0)
+  %row = f32[1,1024]{1,0} dynamic-slice(%p2, %p1, %zero), dynamic_slice_sizes={1,1024}
+  %twice = f32[1,1024]{1,0} add(%row, %row)
+  ROOT %dus = f32[8,1024]{1,0} dynamic-update-slice(%p0, %twice, %p1, %zero)
+}
+
+ENTRY %main (a: f32[8,1024], b: f32[8,1024], i: s32[]) -> f32[8,1024] {
+  %a = f32[8,1024]{1,0} parameter(0)
+  %b = f32[8,1024]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %y = f32[8,1024]{1,0} fusion(%a, %i, %b), kind=kLoop, calls=%f
+}
+"""
+
+
+def test_a_slice_reads_the_slice_and_an_update_in_place_writes_the_update():
+    """One layer of an ``[8, 1024]`` stack read and one written in place (what a scan over
+    layers does each trip): a row each way, not the stacks."""
+    from tpu_inductor.tpu import hlo
+
+    row = 1024 * 4
+    assert hlo.hbm_bytes(_STACK) == row + 4 + row  # the row read, the index, the row written

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 
 import numpy as np
@@ -177,16 +178,77 @@ def control_computations(text: str) -> dict[str, list[str]]:
 def per_run(text: str, of_line) -> float:
     """``sum(of_line(...))`` over the ops of a module's control computations, each as many
     times as it runs per call (a loop body once per trip: ``hlo_loops.computation_counts``).
-    ``of_line(shape, opcode, operand shapes, rest)`` gives one op's figure."""
-    from tpu_inductor.tpu.hlo_loops import computation_counts
+    ``of_line(shape, opcode, operand shapes, rest, computations)`` gives one op's figure."""
+    from tpu_inductor.tpu.hlo_loops import computation_counts, split_computations
 
     counts = computation_counts(text)
+    comps, _ = split_computations(text)
     total = 0.0
     for name, lines in control_computations(text).items():
         times = counts.get(name, 1)
         for _, shape, opcode, operands, tail in _ops(lines):
-            total += times * of_line(shape, opcode, operands, tail)
+            total += times * of_line(shape, opcode, operands, tail, comps)
     return total
+
+
+_PARAM = re.compile(r"^\s*%([\w.\-]+) = \S+ parameter\((\d+)\)")
+
+
+def _slices(fused: list[str], comps: dict) -> tuple[dict[int, int], int | None]:
+    """What a fusion reads of each parameter it only slices, and what it writes when it
+    updates parameters in place: ``({parameter index: bytes read}, bytes written or None)``.
+    A parameter read whole (any other use) is left out: it costs its size. Bitcasts of a
+    parameter are the parameter, a fusion inside is looked into, and a tuple result adds its
+    parts."""
+    alias: dict[str, int] = {}  # value name -> the parameter it is (a bitcast of)
+    shapes: dict[str, str] = {}
+    updates: dict[str, int] = {}  # an in-place update's name -> bytes it writes
+    reads: dict[int, int] = {}
+    whole: set[int] = set()
+    root = None
+    for line in fused:
+        m = _PARAM.match(line)
+        if m:
+            alias[m.group(1)] = int(m.group(2))
+            continue
+        m = _INSTR.match(line)
+        if m is None:
+            continue
+        name, rest = m.groups()
+        shape, tail = _split_shape(rest)
+        shapes[name] = shape
+        opcode, _, args = tail.partition("(")
+        args = args.split("),", 1)[0].rstrip(")")
+        names = re.findall(r"%([\w.\-]+)", args)
+        if line.lstrip().startswith("ROOT"):
+            root = (name, opcode.strip(), names)
+        if opcode == "bitcast" and names and names[0] in alias:
+            alias[name] = alias[names[0]]
+            continue
+        inner = None
+        if opcode == "fusion":
+            called = re.search(r"calls=%([\w.\-]+)", tail)
+            inner = _slices(comps.get(called.group(1), []), comps)[0] if called else {}
+        for k, arg in enumerate(names):
+            i = alias.get(arg)
+            if i is None:
+                continue
+            if opcode == "dynamic-slice" and k == 0:
+                reads[i] = reads.get(i, 0) + _array_bytes(shape)
+            elif opcode == "dynamic-update-slice" and k == 0:
+                reads.setdefault(i, 0)  # updated in place: only the update is written
+                updates[name] = _array_bytes(shapes.get(names[1], "")) if len(names) > 1 else 0
+            elif inner is not None and k in inner:
+                reads[i] = reads.get(i, 0) + inner[k]
+            else:
+                whole.add(i)
+    written = None
+    if root is not None:
+        name, opcode, names = root
+        parts = names if opcode == "tuple" else [name]
+        if any(p in updates for p in parts):
+            written = sum(updates.get(p, _array_bytes(shapes.get(p, ""))) for p in parts)
+    return {i: n for i, n in reads.items() if i not in whole}, written
 
 
 def estimated_cycles(text: str) -> float:
@@ -194,7 +256,7 @@ def estimated_cycles(text: str) -> float:
     the runs of its computation (ops the compiler does not estimate, as a Pallas kernel's
     custom call, count 0)."""
 
-    def cycles(shape, opcode, operands, tail):
+    def cycles(shape, opcode, operands, tail, comps):
         m = re.search(r'"estimated_cycles":"(\d+)"', tail)
         return int(m.group(1)) if m else 0
 
@@ -229,14 +291,28 @@ def _hbm(shape_text: str) -> int:
     return sum(n for n, in_hbm in _arrays(shape_text) if in_hbm)
 
 
-def _op_bytes(shape, opcode, operands, hbm_only: bool) -> int:
-    """Bytes one op reads and writes (only those in HBM with ``hbm_only``)."""
+def _op_bytes(shape, opcode, operands, tail, comps, hbm_only: bool) -> int:
+    """Bytes one op reads and writes (only those in HBM with ``hbm_only``). A slice of an
+    operand reads the slice, not the operand; an update in place writes the update (a loop
+    reading and writing one layer of a ``[layers, ...]`` stack per trip moves one layer)."""
     if opcode in _CONTROL or opcode == "slice-done":
         return 0
     arrays = _arrays(shape)
 
     def size(x: str) -> int:
         return sum(n for n, in_hbm in _arrays(x) if in_hbm or not hbm_only)
+
+    if opcode == "dynamic-slice":
+        return 2 * size(shape)
+    if opcode == "dynamic-update-slice" and len(operands) > 1:
+        return 2 * size(operands[1])
+    if opcode == "fusion":
+        called = re.search(r"calls=%([\w.\-]+)", tail)
+        reads, written = _slices(comps.get(called.group(1), []), comps) if called else ({}, None)
+        total = size(shape) if written is None else written
+        for i, o in enumerate(operands):
+            total += size(o) if i not in reads else min(reads[i], size(o))
+        return total
 
     if opcode == "copy-start" and len(arrays) >= 2:  # (destination, source, context)
         dest, dest_hbm = arrays[0]
@@ -262,13 +338,13 @@ def hbm_bytes(text: str) -> int:
     and output once (the hidden activation stays on chip). ``tests/tpu/test_hlo_hbm.py`` checks
     both.
     """
-    return int(per_run(text, lambda sh, op, ops, _: _op_bytes(sh, op, ops, hbm_only=True)))
+    return int(per_run(text, functools.partial(_op_bytes, hbm_only=True)))
 
 
 def bytes_moved(text: str) -> int:
     """Every operand and result of a module's ops per call, wherever it lives (HBM or on
     chip), a loop body's once per trip: :func:`hbm_bytes` is the HBM part of it."""
-    return int(per_run(text, lambda sh, op, ops, _: _op_bytes(sh, op, ops, hbm_only=False)))
+    return int(per_run(text, functools.partial(_op_bytes, hbm_only=False)))
 
 
 def _scope(op_name: str) -> str:
