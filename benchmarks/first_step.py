@@ -1,7 +1,7 @@
 """Time to the first training steps, by stage, by depth, cold and after a restart.
 
 ``JAX_PLATFORMS=cpu python -m benchmarks.first_step [--layers 4 16 32] [--paths step split]
-[--hidden 64] [--name first_step] [--docs]``
+[--hidden 64] [--name first_step] [--results DIR] [--docs]``
 
 A transformers Llama (hidden ``H``, intermediate ``2H``, 4 heads, 2 KV heads, vocab 128, no KV
 cache: a training model), batch 2 x 8, AdamW, ``options={"scan_layers": True, "cache_dir": D}``,
@@ -19,9 +19,10 @@ trace, XLA's compiles, the load of saved programs), and the losses (a warm run m
 cold run's to the bit). The ratios the issue asks for are computed within the run: 32 layers
 over 4 layers cold, per path; warm over cold at the deepest depth.
 
-Results: ``benchmarks/results/<name>.json`` (with the machine and its load average) and
-``<name>.md``; ``--docs`` also writes that table into docs/compile-time.md's generated block
-(:func:`write_docs`).
+Results: ``<name>.json`` (with the machine and its load average) and ``<name>.md`` in
+``--results`` (default ``benchmarks/results/local``, git-ignored; ``benchmarks/results`` holds
+the committed figures); ``--docs`` also writes that table into docs/compile-time.md's
+generated block (:func:`write_docs`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 
 from benchmarks.suite import machine_info, write_record
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = pathlib.Path(__file__).parent / "results" / "local"  # git-ignored (--results)
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "compile-time.md"
 MARKERS = ("<!-- first_step:start -->", "<!-- first_step:end -->")
 STAGES = ("dynamo", "aot", "lower", "xla", "load")
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--name", default="first_step")
     p.add_argument("--docs", action="store_true", help="also write docs/compile-time.md's table")
+    p.add_argument("--results", default=str(RESULTS), help="folder for <name>.json and .md")
     p.add_argument("--child", nargs=2, metavar=("PATH", "LAYERS"), help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -191,10 +193,12 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     results = {"rows": rows, "ratios": ratios(rows)}
-    out = RESULTS / f"{args.name}.json"
+    folder = pathlib.Path(args.results)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{args.name}.json"
     write_record(out, "benchmarks.first_step", argv, machine, results)
     record = json.loads(out.read_text())
-    (RESULTS / f"{args.name}.md").write_text(table(record))
+    (folder / f"{args.name}.md").write_text(table(record))
     if args.docs:
         write_docs(table(record))
     print(table(record))

@@ -1,7 +1,7 @@
 """Training steps at the sizes people train, compiled for TPU slices we don't have.
 
 ``JAX_PLATFORMS=cpu python -m benchmarks.plan_real_sizes [--rows ID ...] [--layers N]
-[--timeout 480] [--list]``
+[--timeout 480] [--results DIR] [--docs] [--list]``
 
 Each row is a transformers model built on the ``meta`` device from its public config (the
 numbers below are written by hand from the model cards' ``config.json``; nothing is downloaded),
@@ -13,14 +13,17 @@ its peak HBM per device, the roofline step time (max of matmul FLOPs at peak, HB
 bandwidth, collectives at ICI bandwidth), two MFU ceilings (the report's, which counts the
 recomputed forward's matmuls: a hardware-FLOPs ceiling; and the model-FLOPs one MaxText
 publishes: ``6 x matmul parameters x tokens`` plus causal attention, over the same roofline
-time), the tokens/s ceiling per chip, and the wall time of the compile on this machine.
+time), the tokens/s ceiling per chip, the predicted step (``Step.predicted_seconds``), and the
+wall time of the compile on this machine. A row with a published measured run of the same
+model, chip and per-device batch (``PUBLISHED``) is compared with it.
 
 Rows run one at a time, each in a subprocess with a wall-clock limit (``--timeout``), so a row
 that runs past it or is killed for memory is recorded as such (with ``--layers N``, the same row
-at N layers, said in its name). Results: ``benchmarks/results/plan_real_sizes.json`` (rows
-merged by id, the command and machine of each) and ``plan_real_sizes.md`` (the README's table).
+at N layers, said in its name). Results: ``plan_real_sizes.json`` (rows merged by id, the
+command and machine of each) and ``plan_real_sizes.md`` (the table) in ``--results`` (default
+``benchmarks/results/local``, git-ignored; ``benchmarks/results`` holds the committed figures);
+``--docs`` also writes docs/planning.md's generated tables.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -361,6 +364,44 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def published_table(records: list[dict]) -> str:
+    """Predicted against published measured steps, per row that has one."""
+    lines = [
+        "| model | target | batch x seq per device | predicted step (model MFU) | roofline "
+        "| measured step (tokens/s/device) | error | what differs | source |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        measured = r["row"].get("measured")
+        if not measured or "failed" in r or not r.get("predicted_s"):
+            continue
+        per_device = r["row"]["batch"] // r["devices"]
+        error = r["predicted_s"] / measured["step_s"] - 1
+        lines.append(
+            f"| {r['row']['model']} | {r['row']['target']} | {per_device} x {r['row']['seq']} "
+            f"| {r['predicted_s']:.2f} s ({r['predicted_mfu']:.1%}) | {r['roofline_s']:.2f} s "
+            f"| {measured['step_s']:.3f} s ({measured['tokens_per_s_per_device']:,.0f}) "
+            f"| {error:+.0%} | {measured['differs']} | {measured['source']} |"
+        )
+    return "\n".join(lines)
+
+
+DOCS = pathlib.Path(__file__).parent.parent / "docs" / "planning.md"
+
+
+def write_docs(records: list[dict]) -> None:
+    """Write docs/planning.md's two generated blocks (the table, the published comparison)."""
+    text = DOCS.read_text()
+    for name, body in (
+        ("plan_real_sizes", table(records)),
+        ("published", published_table(records)),
+    ):
+        start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+        head, rest = text.split(start, 1)
+        text = head + start + body + "\n" + end + rest.split(end, 1)[1]
+    DOCS.write_text(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", nargs="*", default=None, help=f"row ids (default all): {list(ROWS)}")
@@ -372,6 +413,9 @@ def main() -> None:
         default=str(LOCAL),
         help="folder for plan_real_sizes.json and .md (default benchmarks/results/local, "
         "git-ignored; benchmarks/results holds the figures the docs show)",
+    )
+    p.add_argument(
+        "--docs", action="store_true", help="also write docs/planning.md's generated tables"
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -402,6 +446,8 @@ def main() -> None:
     records = sorted(by_id.values(), key=lambda r: (order.get(r["row"]["id"], 99), r["id"]))
     out_json.write_text(json.dumps({"results": records}, indent=2) + "\n")
     out_md.write_text(table(records) + "\n")
+    if args.docs:
+        write_docs(records)
     print(table(records))
     return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,12 +30,20 @@ def test_readme_coverage_block_is_the_generated_docs_headlines():
             assert line in (ROOT / "docs" / source).read_text()
 
 
-def test_readme_real_size_plan_table_is_the_generated_one():
-    """README.md's real-size planning table is benchmarks/results/plan_real_sizes.md as
-    ``python -m benchmarks.plan_real_sizes`` last wrote it; after a run, paste that file in."""
-    table = (ROOT / "benchmarks" / "results" / "plan_real_sizes.md").read_text().strip()
-    readme = (ROOT / "README.md").read_text()
-    assert table in readme, "README's real-size table is stale: paste plan_real_sizes.md in"
+def test_planning_doc_tables_are_the_generated_ones():
+    """docs/planning.md's real-size table is benchmarks/results/plan_real_sizes.md as
+    ``python -m benchmarks.plan_real_sizes --results benchmarks/results --docs`` last wrote
+    it, and its published-runs block is that run's comparison."""
+    from benchmarks import plan_real_sizes as prs
+
+    table = (ROOT / "benchmarks" / "results" / "plan_real_sizes.md").read_text()
+    docs = (ROOT / "docs" / "planning.md").read_text()
+    stale = "docs/planning.md is stale: python -m benchmarks.plan_real_sizes ... --docs"
+    assert f"<!-- plan_real_sizes:start -->\n{table}<!-- plan_real_sizes:end -->" in docs, stale
+    records = json.loads((ROOT / "benchmarks" / "results" / "plan_real_sizes.json").read_text())
+    published = prs.published_table(records["results"])
+    assert f"<!-- published:start -->\n{published}\n<!-- published:end -->" in docs, stale
+    assert published.count("\n") >= 2, "no row has a published measured run beside it"
 
 
 def test_compile_time_doc_table_is_the_generated_one():

@@ -55,6 +55,8 @@ def plan():
     assert probe.error is None, probe.error
     report = tpu_inductor.tpu_report(print_table=False)
     (step,) = [s for s in report.steps if s.name == "training step"]
+    # the planner's figure is the report's: one step, one peak
+    assert probe.peak_bytes == step.peak[0]
     return report, step
 
 
@@ -110,6 +112,14 @@ def test_the_report_agrees_with_itself(plan):
     assert sum(parts.values()) == step.peak[0]
     assert parts["parameters"] == params and parts["temporaries"] > 0
     assert "step peak = parameters" in text
+    # the largest temporaries, each named by the module that makes it
+    (program,) = step.programs
+    sizes = [n for n, _, _ in program.temporaries]
+    assert sizes and sizes == sorted(sizes, reverse=True) and sizes[0] <= parts["temporaries"]
+    assert any(
+        scope.split("/")[0] in ("lm_head", "backward") for _, scope, _ in program.temporaries
+    )
+    assert "its largest temporaries: " in text
 
 
 def test_the_step_time_is_predicted(plan):

@@ -104,7 +104,8 @@ def forward_twin(node) -> fx.Node | None:
     op got its own; where the trace gave one number to the whole backward (Dynamo traces
     ``loss.backward()`` as one ``autograd.grad``), the twin is found by data flow instead: the
     forward value of the deepest module the backward op reads (a saved activation), else the
-    twin of the backward op it reads. NOTE: by data flow a weight's gradient is named by the
+    deepest forward op reading a graph input it reads (token ids), else the twin of the
+    backward op it reads. NOTE: by data flow a weight's gradient is named by the
     module that made the activation it multiplies (``mlp`` for ``mlp.down_proj``'s weight).
     """
     meta = getattr(node, "meta", {})
@@ -144,6 +145,9 @@ def _twins(graph: fx.Graph) -> dict:
             continue
         reads = [a for a in n.all_input_nodes if a.op == "call_function"]
         made = [a for a in reads if a.meta.get("nn_module_stack")]
+        if not made:  # a graph input it reads (token ids): the forward ops that read it too
+            inputs = [a for a in n.all_input_nodes if a.op == "placeholder"]
+            made = [u for a in inputs for u in a.users if u.meta.get("nn_module_stack")]
         made = [a for a in made if not a.meta.get("autograd_backward")]
         if made:
             twins[n] = max(made, key=lambda a: len(a.meta["nn_module_stack"]))

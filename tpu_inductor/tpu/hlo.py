@@ -287,6 +287,22 @@ def top_ops(text: str) -> list[Op]:
     return ops
 
 
+def provenance_of(text: str) -> dict[str, tuple[str, str | None]]:
+    """``instruction name -> (scope, source)`` for every instruction of an optimized HLO module
+    that carries an ``op_name`` (any computation, fusions' insides included)."""
+    frames = parse_tables(text)
+    out = {}
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m is None or "op_name=" not in line:
+            continue
+        op_name = re.search(r'op_name="([^"]*)"', line)
+        frame = re.search(r"stack_frame_id=(\d+)", line)
+        source = frames.get(int(frame.group(1))) if frame else None
+        out[m.group(1)] = (_scope(op_name.group(1)) if op_name else "", source)
+    return out
+
+
 def _hbm(shape_text: str) -> int:
     return sum(n for n, in_hbm in _arrays(shape_text) if in_hbm)
 
@@ -574,14 +590,23 @@ def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
 def _eqns_counted(jaxpr, times: int = 1):
     """``(eqn, times)`` for every equation, sub-jaxprs included, with how often it runs per
     call: a ``scan`` body (``scan_layers``' repeated blocks) runs ``length`` times, so its
-    matmuls count that many times (a loop without a static count counts once)."""
-    import jax
+    matmuls count that many times (a loop without a static count counts once); a Pallas
+    kernel's body once per point of its grid.
+
+    NOTE: a kernel that skips blocks at run time (splash attention under a causal mask skips
+    about half) is counted as if it ran them all."""
+    from jax.extend.core import jaxprs_in_params
 
     closed = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in closed.eqns:
         yield eqn, times
-        inner = times * int(eqn.params["length"]) if eqn.primitive.name == "scan" else times
-        for sub in jax.core.jaxprs_in_params(eqn.params):
+        inner = times
+        if eqn.primitive.name == "scan":
+            inner = times * int(eqn.params["length"])
+        elif eqn.primitive.name == "pallas_call":
+            grid = getattr(eqn.params.get("grid_mapping"), "grid", ())
+            inner = times * int(np.prod([g for g in grid if isinstance(g, int)] or [1]))
+        for sub in jaxprs_in_params(eqn.params):
             yield from _eqns_counted(sub, inner)
 
 

@@ -107,6 +107,9 @@ class Program:
             link and time).
         values: per tensor input, a :class:`Value` (which tensor, what it is, bytes per
             device), for the step's memory (``tpu_report.Step``).
+        temporaries: its largest HBM temporaries, ``(bytes, scope, source)`` each (the
+            module path and ATen op of the instruction that makes it, the user's line), from
+            XLA's buffer assignment (:func:`largest_temporaries`).
     """
 
     name: str
@@ -134,6 +137,7 @@ class Program:
     raw_error: str | None = dataclasses.field(default=None, repr=False)
     comms: list = dataclasses.field(default_factory=list)
     values: list = dataclasses.field(default_factory=list, repr=False)
+    temporaries: list = dataclasses.field(default_factory=list)
 
     @property
     def compiled(self) -> bool:
@@ -387,14 +391,46 @@ def compile_measured(lowered, options: dict | None = None):
         return compiled, _spaces(pathlib.Path(folder).glob("*memory-usage-report.txt"))
 
 
-def _spaces(reports) -> dict[str, int]:
-    """Bytes per memory space of the largest module among XLA's memory-usage ``reports``."""
-    spaces: dict[str, int] = {}
+def _spaces(reports) -> dict:
+    """Bytes per memory space of the largest module among XLA's memory-usage ``reports``, and
+    under ``"temporaries"`` its largest HBM temporaries (:func:`largest_temporaries`)."""
+    spaces: dict = {}
+    chosen = None
     for report in reports:
         found = {k: int(v) for k, v in _MEMORY_SPACE.findall(report.read_text())}
         if found.get("default", 0) > spaces.get("default", 0):
-            spaces = found
+            spaces, chosen = found, report
+    if chosen is not None:
+        name = chosen.name.replace("-memory-usage-report.txt", "-buffer-assignment.txt")
+        assignment = chosen.with_name(name)
+        if assignment.exists():
+            spaces["temporaries"] = largest_temporaries(assignment.read_text())
     return spaces
+
+
+_ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(.*)$")
+_VALUE = re.compile(r"^ value: <\d+ ([\w.\-]+)(?:\{[^}]*\})? @\d+> \(size=(\d+),")
+TEMPORARIES = 5  # how many of a program's largest temporaries the report names
+
+
+def largest_temporaries(text: str, n: int = TEMPORARIES) -> list[tuple[str, int]]:
+    """``(instruction, bytes)`` of the ``n`` largest values XLA's buffer assignment places in
+    HBM temporaries (allocations of memory space 0 marked ``preallocated-temp``): the
+    activations, gradients and transients a program holds while it runs, by the instruction
+    that makes each."""
+    sizes: dict[str, int] = {}
+    temp = False
+    for line in text.splitlines():
+        head = _ALLOCATION.match(line)
+        if head:
+            flags = head.group(2)
+            temp = "preallocated-temp" in flags and "color " not in flags
+            continue
+        value = _VALUE.match(line) if temp else None
+        if value:
+            name, size = value.group(1), int(value.group(2))
+            sizes[name] = max(size, sizes.get(name, 0))
+    return sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
 
 
 def memory_of(compiled, spaces: dict | None = None) -> dict:
@@ -442,6 +478,10 @@ def _describe(program: Program, compiled, spaces: dict | None = None) -> None:
     program.xla_seconds = float(estimate) if estimate is not None and estimate > 0 else None
     program.hlo_text = compiled.as_text()
     program.ops = hlo.top_ops(program.hlo_text)
+    named = hlo.provenance_of(program.hlo_text)
+    program.temporaries = [
+        (size, *named.get(name, ("", None))) for name, size in (spaces or {}).get("temporaries", ())
+    ]
     program.hbm_traffic = float(hlo.hbm_bytes(program.hlo_text))
     program.bytes_moved = float(hlo.bytes_moved(program.hlo_text))
     program.cycles = float(hlo.estimated_cycles(program.hlo_text))

@@ -494,11 +494,24 @@ def _step_lines(step: Step) -> list[str]:
         f"resident that are not its arguments; the largest program alone: "
         f"{size(largest.peak_bytes)}): {step.verdict()}",
         f"  step peak = {parts}",
+        *_temporaries(where),
         f"  {step.flops / 1e9:,.2f} GFLOP, {step.bytes_accessed / 2**30:,.3f} GiB accessed "
         f"({step.hbm_traffic / 2**30:,.3f} GiB HBM traffic), "
         f"collectives {step.comm_seconds * 1e3:,.3f} ms, roofline "
         f"{step.roofline_seconds * 1e3:,.3f} ms{ceiling}; {predicted}",
     ]
+
+
+def _temporaries(p: Program | None) -> list[str]:
+    """The peak program's largest HBM temporaries, each by the module and line that makes it."""
+    if p is None or not p.temporaries:
+        return []
+    named = []
+    for size_, scope, source in p.temporaries:
+        module, aten = hlo.split_scope(scope)
+        where = f"{module or '-'} {tpu_op_name(aten, '')}".strip() if scope else "(unnamed)"
+        named.append(f"{size(size_)} {where}" + (f" at {source}" if source else ""))
+    return [f"  its largest temporaries: {'; '.join(named)}"]
 
 
 def _libtpu_version() -> str:
