@@ -218,7 +218,7 @@ def test_bound_says_ici_when_collectives_dominate():
     assert (comm.axes, comm.link) == ("model", "ICI")
     assert comm.seconds == pytest.approx(2 * 2**30 * 0.5 / 400e9)
     program = programs.Program("g#0", "g", "forward", "forward", target, 4, [], 0, None, 0.0)
-    program.bytes_accessed = 1e6
+    program.hbm_traffic = 1e6
     program.comms = [comm]
     assert program.bound == "ICI" and program.roofline_seconds == comm.seconds
 
@@ -240,3 +240,48 @@ def test_tensor_keys_outlive_reused_ids():
     else:
         pytest.skip("no id reused in 1000 tries")
     assert tensor_key(b) != key_a
+
+
+class LlamaLike(torch.nn.Module):
+    pass
+
+
+@pytest.mark.parametrize(
+    "stack, expected",
+    [
+        # compile_step over a closure's model, its layer's forward wrapped (checkpointing)
+        (
+            [
+                ("L['fn'].__closure__[1].cell_contents", LlamaLike),
+                (
+                    "L['fn'].__closure__[1].cell_contents.model.layers[0].forward"
+                    ".__kwdefaults__['_inner'].__self__.self_attn",
+                    torch.nn.Module,
+                ),
+            ],
+            "model.layers.0.self_attn",
+        ),
+        # compile_step over a global model variable: the variable's name is not a module
+        (
+            [
+                ("G['__import___main__'].model", LlamaLike),
+                ("G['__import___main__'].model.model.layers[0].mlp", torch.nn.Module),
+            ],
+            "model.layers.0.mlp",
+        ),
+        # torch.compile(model): its own root is L['args'][0] (or L['self'])
+        ([("L['args'][0].lm_head", torch.nn.Linear)], "lm_head"),
+        ([("L['args'][0].model.layers[0].__dict__['mlp']", torch.nn.Module)], "model.layers.0.mlp"),
+        ([("L['self'].blocks[0].proj", torch.nn.Linear)], "blocks.0.proj"),
+        ([("L['fn'].__closure__[1].cell_contents", LlamaLike)], "LlamaLike"),
+    ],
+)
+def test_module_paths_are_the_models_named_modules(stack, expected):
+    """Ops are named as the model's ``named_modules()`` names its modules, whatever chain of
+    variables and wrappers Dynamo recorded on the way there."""
+    import types
+
+    from tpu_inductor.core import sources
+
+    node = types.SimpleNamespace(meta={"nn_module_stack": {str(i): e for i, e in enumerate(stack)}})
+    assert sources.module_path(node) == expected

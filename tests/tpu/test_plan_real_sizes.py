@@ -45,6 +45,9 @@ def test_tiny_llama_fsdp_x_tp_plan():
     assert r["tokens"] == 4 * 256
     assert r["tokens_per_s_per_chip"] == pytest.approx(1024 / r["roofline_s"] / 4)
     assert r["ici_s"] > 0  # fsdp's gathers and tp's all-reduces
+    # AdamW's moments are sharded as their parameters (fsdp x tp), not by the batch axis only
+    parts = dict(r["peak_parts"])
+    assert parts["optimizer state and buffers"] == pytest.approx(2 * parts["parameters"], rel=0.01)
     record = {"id": "tiny", "row": vars(row), "layers": 4, "full_depth": 4, **r}
     assert "| tiny | v5p-8 (4) | fsdp x tp | 4 | 4 x 256 | yes |" in prs.table([record])
 

@@ -128,8 +128,9 @@ def test_the_step_time_is_predicted(plan):
     assert program.cycles > 0
     assert 1e9 < programs.cycle_rate("v5p") < 3e9  # the compiler's cycles per second
     assert step.predicted_seconds >= step.roofline_seconds > 0
+    assert program.op_seconds > 0 and program.kernel_seconds > 0  # splash's matmuls
     assert step.predicted_seconds == pytest.approx(
-        max(program.compiler_seconds, program.roofline_seconds)
+        max(program.op_seconds + program.kernel_seconds, program.roofline_seconds)
     )
     step.model_flops, step.tokens = 1e12, 4 * SEQ
     assert step.predicted_mfu == pytest.approx(

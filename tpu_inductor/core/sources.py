@@ -74,6 +74,7 @@ def _nearest_trace(node) -> str | None:
 # --- Provenance in the program: every lowered op names the user's module and line -------------
 
 _FRAME = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
+_GLOBAL = re.compile(r"G\[['\"][^'\"]*['\"]\]\.\w+")
 _ROOT = re.compile(r"^(?:L|G)\[['\"][^'\"]*['\"]\](?:\[\d+\])?\.?")
 
 
@@ -159,12 +160,14 @@ def _twins(graph: fx.Graph) -> dict:
 
 
 # Attribute chains Dynamo records on the way to a module that name no module of their own:
-# a closure's cell, a bound method's ``__self__`` (a wrapped forward's ``_inner`` default).
+# a closure's cell, a bound method's ``__self__`` (a wrapped forward's ``_inner`` default), an
+# instance's ``__dict__``.
 _NOT_MODULES = (
     re.compile(r"(?:^|\.)__closure__\.\d+\.cell_contents(?=\.|$)"),
     re.compile(r"\.\w+\.__kwdefaults__\.\w+\.__self__(?=\.|$)"),
     re.compile(r"\.\w+\.__self__(?=\.|$)"),
     re.compile(r"(?:^|\.)_orig_mod(?=\.|$)"),
+    re.compile(r"(?:^|\.)__dict__(?=\.|$)"),
 )
 
 
@@ -191,10 +194,11 @@ def module_path(node) -> str | None:
     entries = list(stack.values())
     path, cls = entries[-1][:2]
     path, root = _dotted(path), _dotted(entries[0][0])
-    # torch.compile(model) leaves the model itself (L['self']) out of the stack; a step
-    # function's model is its first entry, a variable whose name is not the model's
-    inside = str(entries[0][0]).startswith(("L['self']", 'L["self"]'))
-    if root and not inside and (path == root or path.startswith(root + ".")):
+    # a step function's global model variable (G['...'].model) is the stack's first entry:
+    # its name is not one of the model's modules (a local's or torch.compile's own root,
+    # L['...'], is dropped by _ROOT)
+    variable = _GLOBAL.fullmatch(str(entries[0][0])) is not None
+    if root and variable and (path == root or path.startswith(root + ".")):
         path = path[len(root) :].lstrip(".")
     if not path:
         cls = entries[-1][1]

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from tpu_inductor.runtime import sharding
+
 log = logging.getLogger(__name__)
 # The logger that speaks without any logging set up (runtime/call.py: compile progress).
 progress_log = logging.getLogger("tpu_inductor.progress")
@@ -328,12 +330,15 @@ def create_state(optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """
     for opt in optimizers:
         init = _CREATE.get(type(opt))
-        if init is None or unsupported_reason(opt) is not None:
-            continue
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if p.requires_grad and len(opt.state[p]) == 0:
-                    init(group, p, opt.state[p])
+        if init is not None and unsupported_reason(opt) is None:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if p.requires_grad and len(opt.state[p]) == 0:
+                        init(group, p, opt.state[p])
+        for p, state in opt.state.items():  # under a mesh, each moment is placed as its param
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                    sharding.follow(value, p)
 
 
 def _adam_state(group: dict, p: torch.Tensor, state: dict) -> None:

@@ -191,11 +191,29 @@ _PLACED: dict[int, tuple[weakref.ref, NamedSharding]] = {}
 
 
 def placement(t: torch.Tensor, mesh: Mesh) -> NamedSharding | None:
-    """The sharding :func:`place_graph` gave ``t`` on ``mesh``, or ``None``."""
+    """The sharding :func:`place_graph` gave ``t`` on ``mesh`` (or its owner, :func:`follow`),
+    or ``None``."""
     entry = _PLACED.get(id(t))
-    if entry is None or entry[0]() is not t or entry[1].mesh != mesh:
-        return None
-    return entry[1]
+    if entry is not None and entry[0]() is t and entry[1].mesh == mesh:
+        return entry[1]
+    owner = _OWNERS.get(id(t))
+    if owner is not None and owner[0]() is t:
+        param = owner[1]()
+        if param is not None and tuple(param.shape) == tuple(t.shape):
+            return placement(param, mesh)
+    return None
+
+
+_OWNERS: dict[int, tuple] = {}  # id(state) -> (state, its parameter), both weakly
+
+
+def follow(state: torch.Tensor, param: torch.Tensor) -> None:
+    """Place optimizer ``state`` (a moment of ``param``'s shape) wherever ``param`` is placed:
+    a moment sharded by the generic input rule instead (the batch axis only) held 4x its
+    share of HBM on an fsdp x tp mesh of 4 x 4."""
+    key = id(state)
+    ref = weakref.ref(state, lambda _, key=key: _OWNERS.pop(key, None))
+    _OWNERS[key] = (ref, weakref.ref(param))
 
 
 def _remember(t: torch.Tensor, sharding: NamedSharding) -> None:
@@ -206,6 +224,7 @@ def _remember(t: torch.Tensor, sharding: NamedSharding) -> None:
 def clear() -> None:
     """Forget every placement (``tpu_inductor.reset()``)."""
     _PLACED.clear()
+    _OWNERS.clear()
 
 
 def place_graph(plan: Plan, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:

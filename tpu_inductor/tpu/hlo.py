@@ -251,6 +251,20 @@ def _slices(fused: list[str], comps: dict) -> tuple[dict[int, int], int | None]:
     return {i: n for i, n in reads.items() if i not in whole}, written
 
 
+def op_seconds(text: str, cycles_per_s: float, hbm_bytes_per_s: float) -> float:
+    """A call's time as its ops run one after another, each at the slower of the compiler's
+    cycle estimate and its HBM bytes at bandwidth (a loop body once per trip; an op the
+    compiler does not estimate, as a Pallas kernel, by its bytes only)."""
+
+    def seconds(shape, opcode, operands, tail, comps):
+        m = re.search(r'"estimated_cycles":"(\d+)"', tail)
+        cycles = int(m.group(1)) / cycles_per_s if m else 0.0
+        moved = _op_bytes(shape, opcode, operands, tail, comps, hbm_only=True)
+        return max(cycles, moved / hbm_bytes_per_s)
+
+    return per_run(text, seconds)
+
+
 def estimated_cycles(text: str) -> float:
     """The TPU compiler's cycle estimate of a whole call: each op's ``estimated_cycles`` times
     the runs of its computation (ops the compiler does not estimate, as a Pallas kernel's
@@ -556,12 +570,14 @@ def _first_group(rest: str, num_devices: int) -> tuple[int, ...]:
 # --- matmul FLOPs by operand dtype and precision, from the jaxpr ----------------------------------
 
 
-def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
+def matmul_flops(jaxpr, kernels_only: bool = False) -> dict[tuple[str, str], float]:
     """FLOPs of every ``dot_general``, ragged dot (an MoE's grouped GEMM) and convolution in
-    ``jaxpr`` (sub-jaxprs included), keyed by (operand dtype, precision): what the MXU does, at
-    a rate that depends on both."""
+    ``jaxpr`` (sub-jaxprs included; with ``kernels_only``, those inside Pallas kernels only),
+    keyed by (operand dtype, precision): what the MXU does, at a rate that depends on both."""
     totals: dict[tuple[str, str], float] = collections.defaultdict(float)
-    for eqn, times in _eqns_counted(jaxpr):
+    for eqn, times, in_kernel in _eqns_counted(jaxpr):
+        if kernels_only and not in_kernel:
+            continue
         name = eqn.primitive.name
         if name not in ("dot_general", "ragged_dot_general", "conv_general_dilated"):
             continue
@@ -587,7 +603,7 @@ def matmul_flops(jaxpr) -> dict[tuple[str, str], float]:
     return dict(totals)
 
 
-def _eqns_counted(jaxpr, times: int = 1):
+def _eqns_counted(jaxpr, times: int = 1, in_kernel: bool = False):
     """``(eqn, times)`` for every equation, sub-jaxprs included, with how often it runs per
     call: a ``scan`` body (``scan_layers``' repeated blocks) runs ``length`` times, so its
     matmuls count that many times (a loop without a static count counts once); a Pallas
@@ -599,19 +615,20 @@ def _eqns_counted(jaxpr, times: int = 1):
 
     closed = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in closed.eqns:
-        yield eqn, times
-        inner = times
+        yield eqn, times, in_kernel
+        inner, kernel = times, in_kernel
         if eqn.primitive.name == "scan":
             inner = times * int(eqn.params["length"])
         elif eqn.primitive.name == "pallas_call":
             grid = getattr(eqn.params.get("grid_mapping"), "grid", ())
             inner = times * int(np.prod([g for g in grid if isinstance(g, int)] or [1]))
+            kernel = True
         for sub in jaxprs_in_params(eqn.params):
-            yield from _eqns_counted(sub, inner)
+            yield from _eqns_counted(sub, inner, kernel)
 
 
 def _eqns(jaxpr):
-    return (eqn for eqn, _ in _eqns_counted(jaxpr))
+    return (eqn for eqn, _, _ in _eqns_counted(jaxpr))
 
 
 def _short_dtype(dtype) -> str:

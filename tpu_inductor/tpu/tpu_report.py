@@ -100,10 +100,11 @@ class Step:
 
     @property
     def predicted_seconds(self) -> float:
-        """The step's predicted time: its programs' :attr:`Program.predicted_seconds` (the TPU
-        compiler's own estimate, a loop body once per trip, never below the roofline), one
-        after another. It does not see the host's input pipeline, the data-center network
-        (DCN) between slices, nor host offload."""
+        """The step's predicted time: its programs' :attr:`Program.predicted_seconds` (their
+        ops one after another at the compiler's estimates or their HBM bytes, whichever is
+        slower, a loop body once per trip, never below the roofline), one after another. It
+        does not see the host's input pipeline, the data-center network (DCN) between slices,
+        nor host offload."""
         return sum(p.predicted_seconds for p in self.programs)
 
     @property
@@ -404,7 +405,8 @@ def _target_section(progs: list[Program]) -> list[str]:
         "tpu.hlo.hbm_bytes); GFLOP: XLA's cost analysis (a loop body once)",
         "roofline: max(matmul FLOPs at peak, HBM bytes at HBM bandwidth, collectives at ICI "
         "bandwidth) (they overlap at best); bound: which of the three sets it; predicted: the "
-        "TPU compiler's cycle estimate per call, never below the roofline",
+        "ops one after another, each at the slower of the TPU compiler's cycle estimate and its "
+        "HBM bytes, plus Pallas kernels' matmuls at peak, never below the roofline",
     ]
     if any(not p.comms for p in ok):
         notes.append("comm MiB '-': no collectives (one device, or nothing to exchange)")
@@ -504,10 +506,13 @@ def _step_lines(step: Step) -> list[str]:
 
 def _temporaries(p: Program | None) -> list[str]:
     """The peak program's largest HBM temporaries, each by the module and line that makes it."""
-    if p is None or not p.temporaries:
+    # a temporary below 1 MiB or 1% of the program's peak says nothing about where it goes
+    floor = max(2**20, p.peak_bytes // 100) if p is not None else 0
+    shown = [t for t in (p.temporaries if p is not None else ()) if t[0] >= floor]
+    if not shown:
         return []
     named = []
-    for size_, scope, source in p.temporaries:
+    for size_, scope, source in shown:
         module, aten = hlo.split_scope(scope)
         where = f"{module or '-'} {tpu_op_name(aten, '')}".strip() if scope else "(unnamed)"
         named.append(f"{size(size_)} {where}" + (f" at {source}" if source else ""))
