@@ -24,6 +24,7 @@ command and machine of each) and ``plan_real_sizes.md`` (the table) in ``--resul
 ``benchmarks/results/local``, git-ignored; ``benchmarks/results`` holds the committed figures);
 ``--docs`` also writes docs/planning.md's generated tables.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,6 +88,19 @@ QWEN3_30B_A3B = dict(  # Qwen/Qwen3-30B-A3B
     tie_word_embeddings=False,
 )
 
+LLAMA_2_70B = dict(  # meta-llama/Llama-2-70b-hf
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+
 # MaxText's published measurements (its "Optimized models tiering" page:
 # https://maxtext.readthedocs.io/en/maxtext-v0.2.0/reference/models/tiering.html)
 MAXTEXT = {
@@ -104,6 +118,15 @@ PUBLISHED = {
         "differs": "MaxText offloads each layer's input and q/k/v/out projections to host "
         "memory and recomputes the rest; this plan keeps layer inputs in HBM and recomputes "
         "the whole layer (full checkpointing)",
+    },
+    "v5p llama2-70b": {
+        "step_s": 4 * 4096 / 692,  # its tokens/s/device at 4 x 4096 per device
+        "tokens_per_s_per_device": 692,
+        "source": "MaxText tiering page (65.4% MFU, about 692 tokens/s/device; config "
+        "llama2_70b_v5p_128 in benchmarks/maxtext_v5p_model_configs.py: 4 x 4096 per device, "
+        "fsdp, no offload)",
+        "differs": "MaxText saves every matmul output but the MLP's input projections "
+        "(save_dot_except_mlpwi) on a larger slice; this plan recomputes the whole layer",
     },
 }
 
@@ -152,6 +175,8 @@ ROWS = {
             "fsdp", 8, 8192),
         Row("llama8b-v6e8-b3", "Llama-3.1-8B", "llama", LLAMA_3_1_8B, "v6e-8", {"data": 8},
             "fsdp", 24, 8192, measured=PUBLISHED["v6e-8 llama3.1-8b"]),
+        Row("llama2-70b-v5p32-b4", "Llama-2-70B", "llama", LLAMA_2_70B, "v5p-32", {"data": 16},
+            "fsdp", 64, 4096, measured=PUBLISHED["v5p llama2-70b"]),
     )
 }  # fmt: skip
 

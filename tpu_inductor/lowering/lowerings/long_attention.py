@@ -3,15 +3,16 @@
 Two forms, chosen per call by :func:`plan` (the CPU and GPU keep ``attention.py``'s dense form
 and eager's numbers):
 
-- **splash**: no mask tensor (causal or not), float32/bfloat16, both lengths multiples of 128:
-  the splash Pallas kernel (``splash_attention.py``) forward and backward, scores tiled in the
-  TensorCore's VMEM. A Pallas call is a custom call XLA's SPMD partitioner cannot split (it
-  would gather q, k, v onto every device), so under a mesh it runs in ``jax.shard_map``: the
-  batch split as the graph's inputs are, the heads over ``model`` where the mesh has it.
-- **blockwise**: a mask tensor (boolean or additive), or lengths splash can't take: queries in
-  chunks of ``CHUNKS`` rows, each chunk's ``[heads, chunk, S]`` scores made, used and dropped
-  (``lax.map`` forward; the backward a ``lax.scan`` adding each chunk's key/value gradients),
-  plain XLA ops that GSPMD partitions.
+- **splash**: no mask tensor (causal or not) or a boolean one shared by the heads,
+  float32/bfloat16, both lengths multiples of 128: the splash Pallas kernel
+  (``splash_attention.py``) forward and backward, scores tiled in the TensorCore's VMEM. A
+  Pallas call is a custom call XLA's SPMD partitioner cannot split (it would gather q, k, v
+  onto every device), so under a mesh it runs in ``jax.shard_map``: the batch split as the
+  graph's inputs are, the heads over ``model`` where the mesh has it.
+- **blockwise**: any other mask (a float bias, a per-head mask), or lengths splash can't take:
+  queries in chunks of ``CHUNKS`` rows, each chunk's ``[heads, chunk, S]`` scores made, used
+  and dropped (``lax.map`` forward; the backward a ``lax.scan`` adding each chunk's key/value
+  gradients), plain XLA ops that GSPMD partitions.
 
 Both return torch's ``(out, logsumexp)`` (natural log), so either backward takes either
 forward's residuals. Below ``MIN_LENGTH`` query rows the dense form is kept: its scores are
