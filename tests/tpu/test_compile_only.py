@@ -140,7 +140,7 @@ def test_a_model_too_big_for_the_chip_says_by_how_much():
     assert "shard it over more chips" in message
     # one figure for usable HBM, in the header and the error; binary units only
     text = str(report)
-    assert "15.75 GiB HBM usable by a program (of 16.00 GiB)" in text
+    assert "15.75 GiB HBM usable by a program (libtpu's figure) of 16.00 GiB" in text
     assert not re.search(r"\d (MB|GB)\b", text.replace("GB/s", "")), text
 
 

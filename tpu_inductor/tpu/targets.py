@@ -107,8 +107,8 @@ CHIPS: dict[str, Chip] = {
         50e9 / 8, 2, 3,
         f"{_TPU7X} (v5p column: 459 TFLOP/s bf16, 95 GiB HBM at 2,765 GB/s, ICI 1,200 GB/s "
         "bidirectional, DCN 50 Gb/s per chip); 918 TOP/s int8: https://cloud.google.com/tpu/docs/v5p",
-        hbm_source="103 GB: JAX's TPU table (jax/_src/pallas/mosaic/tpu_info.py); the "
-        "datasheet's 95 GiB is below what libtpu lets a program use",
+        hbm_source="10^11 x 1.03 bytes in JAX's TPU table (jax/_src/pallas/mosaic/tpu_info.py); "
+        "the datasheet's 95 GiB is below what libtpu lets a program use",
     ),
     "v6e": Chip(
         "v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB), 1.638e12, 918e12, 1836e12, 800e9,
