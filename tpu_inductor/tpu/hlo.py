@@ -131,17 +131,22 @@ def _entry_ops(text: str):
     yield from _ops(_entry_lines(text))
 
 
-def _ops(lines):
-    """:func:`_entry_ops` of one computation's instruction lines."""
-    shapes: dict[str, str] = {}
+def _instructions(lines):
+    """``(name, shape, opcode, rest from the opcode on, line)`` of each instruction line."""
     for line in lines:
         m = _INSTR.match(line)
         if m is None:
             continue
         name, rest = m.groups()
         shape, tail = _split_shape(rest)
+        yield name, shape, tail.split("(", 1)[0].strip(), tail, line
+
+
+def _ops(lines):
+    """:func:`_entry_ops` of one computation's instruction lines."""
+    shapes: dict[str, str] = {}
+    for name, shape, opcode, tail, _ in _instructions(lines):
         shapes[name] = shape
-        opcode = tail.split("(", 1)[0].strip()
         if opcode not in _SKIP:
             operands = re.findall(r"%([\w.\-]+)", tail.split("),", 1)[0])
             yield name, shape, opcode, [shapes.get(o, "") for o in operands], tail
@@ -191,7 +196,7 @@ def per_run(text: str, of_line) -> float:
     return total
 
 
-_PARAM = re.compile(r"^\s*%([\w.\-]+) = \S+ parameter\((\d+)\)")
+_PARAM = re.compile(r"parameter\((\d+)\)")
 
 
 def _slices(fused: list[str], comps: dict) -> tuple[dict[int, int], int | None]:
@@ -206,22 +211,15 @@ def _slices(fused: list[str], comps: dict) -> tuple[dict[int, int], int | None]:
     reads: dict[int, int] = {}
     whole: set[int] = set()
     root = None
-    for line in fused:
-        m = _PARAM.match(line)
-        if m:
-            alias[m.group(1)] = int(m.group(2))
+    for name, shape, opcode, tail, line in _instructions(fused):
+        if opcode == "parameter":
+            alias[name] = int(_PARAM.search(tail).group(1))
             continue
-        m = _INSTR.match(line)
-        if m is None:
-            continue
-        name, rest = m.groups()
-        shape, tail = _split_shape(rest)
         shapes[name] = shape
-        opcode, _, args = tail.partition("(")
-        args = args.split("),", 1)[0].rstrip(")")
+        args = tail.partition("(")[2].split("),", 1)[0].rstrip(")")
         names = re.findall(r"%([\w.\-]+)", args)
         if line.lstrip().startswith("ROOT"):
-            root = (name, opcode.strip(), names)
+            root = (name, opcode, names)
         if opcode == "bitcast" and names and names[0] in alias:
             alias[name] = alias[names[0]]
             continue
