@@ -44,13 +44,13 @@ LEVERS = [
 ]
 WORKLOADS = "train-f32,train-bf16"
 
-# Issue 30's levers (``--issue 30``): each is a switch of this checkout's backend, measured off
+# Issue 30's levers (``--issue 30``): each is a knob of this checkout's backend, measured off
 # (before) and on (after) per workload and contender, on this checkout (no snapshots).
 # (label, switches that turn it off, [(workload, contender), ...]).
 ISSUE30 = [
     (
         "half-precision products on a TPU return their own dtype (no layout copies)",
-        {"lowering.lowerings.linalg.TPU_HALF_DOTS": False},
+        {"tpu_half_dots": False},
         [
             ("infer-bf16", "ours-3prog"),
             ("train-bf16", "ours-3prog"),
@@ -60,7 +60,7 @@ ISSUE30 = [
     ),
     (
         "products over [..., K] activations without flattening them (lowering/leading_dims.py)",
-        {"lowering.leading_dims.PLATFORMS": []},
+        {"leading_dims_platforms": []},
         [
             ("vit-train-f32", "ours-1prog"),
             ("vit-train-bf16", "ours-1prog"),
@@ -69,7 +69,7 @@ ISSUE30 = [
     ),
     (
         "log-softmax saved as its row statistics in a split step (capture/saved.py)",
-        {"capture.aot.SPLIT_LOG_SOFTMAX": False},
+        {"split_log_softmax": False},
         [
             ("train-f32", "ours-3prog"),
             ("train-bf16", "ours-3prog"),
@@ -78,7 +78,7 @@ ISSUE30 = [
     ),
     (
         "zero tangents are constants of the backward program (runtime/signatures.py)",
-        {"runtime.signatures.ZERO_TANGENTS": False},
+        {"zero_tangents": False},
         [
             ("train-f32", "ours-3prog"),
             ("train-bf16", "ours-3prog"),

@@ -279,15 +279,11 @@ def _train_step(variant: str, model, opt, compile_kw: dict, loss_of):
 
 
 def apply_levers(levers: dict[str, Any]) -> None:
-    """Set ``tpu_inductor.<module>.<NAME> = value`` for each ``"module.NAME": value``."""
-    import importlib
+    """Patch ``tpu_inductor.config`` with ``{knob: value}`` for the rest of this process (a
+    benchmark's process measures one setting)."""
+    import tpu_inductor
 
-    for key, value in levers.items():
-        module, name = key.rsplit(".", 1)
-        mod = importlib.import_module(f"tpu_inductor.{module}")
-        if not hasattr(mod, name):
-            raise ValueError(f"--levers: tpu_inductor.{module} has no {name}")
-        setattr(mod, name, value)
+    tpu_inductor.config.patch(levers).__enter__()
 
 
 def set_layers(layers: int, small: bool) -> None:
@@ -433,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--levers",
         default="",
-        help='internal switches for ours, as JSON {"module.NAME": value} under tpu_inductor '
-        '(e.g. {"capture.aot.PARTITIONER": "default"}), to measure a lever before/after',
+        help='knobs for ours, as JSON {"name": value} (tpu_inductor.list_options(); e.g. '
+        '{"partitioner": "default"}), to measure a lever before/after',
     )
     p.add_argument(
         "--hand-from",

@@ -86,9 +86,9 @@ def train(
     the host (``eager_ops``)."""
     import tpu_inductor
     from tpu_inductor.core.transfers import TOTAL
-    from tpu_inductor.runtime import device_eager
 
-    device_eager.ENABLED = eager_ops == "device"
+    knobs = tpu_inductor.config.patch(eager_ops=eager_ops)
+    knobs.__enter__()
 
     model = _llama().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -116,7 +116,7 @@ def train(
         losses = [step(i) for i in range(steps)]
         seconds = (time.perf_counter() - start) / steps
     finally:
-        device_eager.ENABLED = None
+        knobs.__exit__(None, None, None)
     d = _delta(before, TOTAL.copy())
     params = _param_bytes(model)
     per = {k: v / steps for k, v in d["by_reason"].items()}

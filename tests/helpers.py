@@ -165,3 +165,12 @@ def lm_train_step(model, opt, clip: float | None = None, **model_kwargs):
         return loss.detach()
 
     return train_step
+
+
+def set_knobs(monkeypatch, **knobs) -> None:
+    """Patch ``tpu_inductor.config`` for the rest of a test; undone when monkeypatch undoes its
+    changes (later calls stack on earlier ones)."""
+    from tpu_inductor.core import config
+
+    frame = config.patch(**knobs).changes
+    monkeypatch.setattr(config, "_PATCHES", [*config._PATCHES, frame])

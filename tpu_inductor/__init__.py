@@ -13,7 +13,8 @@ from tpu_inductor import debug, testing
 # tpu_inductor.transformers.enable(model); left out of __all__ so that a star import never
 # shadows the transformers package itself. It imports transformers only when called.
 from tpu_inductor import transformers as transformers
-from tpu_inductor.core import VERSION
+from tpu_inductor.core import VERSION, config
+from tpu_inductor.core.config import list_options
 from tpu_inductor.core.errors import (
     FallbackWarning,
     InvalidOptionError,
@@ -60,9 +61,11 @@ __all__ = [
     "UnsupportedDtypeError",
     "UnsupportedOpError",
     "compile_step",
+    "config",
     "debug",
     "keep_on_device",
     "largest_batch",
+    "list_options",
     "pallas_interpret",
     "register_lowering",
     "registered_lowering",

@@ -26,18 +26,18 @@ import torch.fx as fx
 
 from tpu_inductor.capture import aot as capture
 from tpu_inductor.capture.partition import split_for_fallback
-from tpu_inductor.core import hints, stages, transfers
+from tpu_inductor.core import config, hints, stages, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
 from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
 from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
 from tpu_inductor.core.stages import FrameStages
 from tpu_inductor.dynamo import breaks, optimizers, regions
-from tpu_inductor.dynamo.config import (
+from tpu_inductor.dynamo.options import (
     Options,
     configure_logging,
     parse_options,
+    plan_of,
     program_fingerprint,
-    switch_values,
 )
 from tpu_inductor.lowering import custom_ops, refusals
 from tpu_inductor.lowering.lower import (
@@ -82,10 +82,10 @@ def tpu_backend(
         gm: the torch-level FX graph Dynamo captured.
         example_inputs: its example inputs (FakeTensors, SymInts).
         options: ``torch.compile(..., options={...})``; see
-        :class:`tpu_inductor.dynamo.config.Options`.
+        every knob of :func:`tpu_inductor.list_options` that ``per_compile`` allows.
         mode: ``torch.compile(..., mode=...)``: ``"default"``, ``"reduce-overhead"``,
             ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``; all compile the same way
-            here (see :data:`tpu_inductor.dynamo.config.MODES` for why).
+            here (see :data:`tpu_inductor.dynamo.options.MODES` for why).
 
     Returns:
         A callable running the graph through JAX, forward and backward.
@@ -103,6 +103,12 @@ def tpu_backend(
     dynamo_s = stages.dynamo_seconds()  # before any of our work
     opts = parse_options(options, mode)
     configure_logging()
+    with config.scope(opts):  # every stage reads this compile's knobs (core/config.py)
+        return _compile_frame(gm, example_inputs, opts, dynamo_s)
+
+
+def _compile_frame(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options, dynamo_s):
+    """:func:`tpu_backend`'s work, inside its options' scope."""
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
     breaks.restart_to_join_step(gm)  # opt.step() joins this frame's program (may restart)
     if opts.scan_layers:  # repeated layers traced once (may restart)
@@ -117,7 +123,7 @@ def tpu_backend(
     )
     frame = hints.frame_graph(gm, example_inputs, _input_name)
     optimizers.hint_float_hyperparameters(gm, example_inputs)
-    plan = opts.plan
+    plan = plan_of(opts)
     if plan is not None:
         device = plan.mesh.devices.flat[0]
         sharding.place_graph(plan, gm, example_inputs)
@@ -155,7 +161,7 @@ def _saved_programs(gm, example_inputs, opts: Options, device, dynamo_s: float):
     when a previous process saved them), else the :class:`program_store.Entry` its compile
     records into (``None`` when the graph can't be kept: a sharding plan, a TPU target, shape
     buckets, inputs that are not plain static tensors)."""
-    if opts.target is not None or opts.plan is not None or opts.pad_to:
+    if opts.target is not None or opts.mesh is not None or opts.pad_to:
         return None, None
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     fingerprint = program_fingerprint(opts, device, precision, custom_ops.fingerprint())
@@ -477,20 +483,18 @@ def _is_ours(value: str) -> bool:
 
 
 def _config_key(opts: Options, device: jax.Device) -> tuple:
-    """Everything besides the graph that changes what a graph compiles to."""
+    """Everything besides the graph that changes what a graph compiles to: every knob that
+    changes programs (core/config.py), and two that shape the graph's runtime object."""
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    plan = plan_of(opts)
     return (
+        config.program_key(opts),
         precision,
-        opts.check_meta,
         opts.max_executables,
-        opts.pad_to,
         opts.transfers,
-        str(device),
+        str(device),  # compile-only devices of different topologies print alike: target is in
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
-        None if opts.plan is None else opts.plan.key(),
-        opts.target,  # compile-only devices of different topologies print alike
-        opts.scan_layers,
-        switch_values(),  # the module-level switches benchmarks flip
+        None if plan is None else plan.key(),
     )
 
 
@@ -584,11 +588,6 @@ def _record(entry: program_store.Entry, kind: str, compiled, static, n_inputs: i
     )
 
 
-# Tests set this to run the accelerators' donation path on CPU (JAX's CPU client donates too);
-# executables already built keep what they were built with, so clear the cache around it.
-DONATE_ON_CPU = False
-
-
 def compile_graph(
     gm: fx.GraphModule,
     opts: Options,
@@ -610,6 +609,11 @@ def compile_graph(
         A boxed callable taking and returning torch tensors (saved activations of a training
         forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
+    with config.scope(opts):  # a backward compiles lazily, outside tpu_backend's scope
+        return _compile_graph(gm, opts, device, kind, static_positions)
+
+
+def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> CompiledGraph:
     for module in gm.modules():  # torch's NaN at lr == 0 (optimizers.py), subgraphs too
         if isinstance(module, fx.GraphModule):
             optimizers.repair_capturable_adam(module)
@@ -623,7 +627,7 @@ def compile_graph(
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     options = compiler_options(platform, kind)
     key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
-    plan = opts.plan
+    plan = plan_of(opts)
     n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
     saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
     n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
@@ -643,7 +647,7 @@ def compile_graph(
         name = f"graph{next(_graph_ids)}-{programs.role_of(gm, kind).replace(' ', '-')}"
         dump = _dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
-        donating = platform != "cpu" or DONATE_ON_CPU
+        donating = platform != "cpu" or opts.donate_on_cpu
         donate = [m.input_index for m in lowered.mutations] if donating else []
         return Executables(
             lowered,

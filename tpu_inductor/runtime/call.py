@@ -18,10 +18,11 @@ import time
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_inductor.core import hints
+from tpu_inductor.core import config, hints
 from tpu_inductor.core.boundary import (
     EFFECT_TOKEN,
     jax_to_host,
@@ -35,7 +36,7 @@ from tpu_inductor.core.dtypes import to_jax_dtype
 from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
 from tpu_inductor.core.transfers import D2H, H2D, Counter
 from tpu_inductor.lowering import mesh_scope
-from tpu_inductor.runtime import cache, device_owned, signatures
+from tpu_inductor.runtime import cache, device_owned
 from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
 from tpu_inductor.runtime.residency import (
     VALUES,
@@ -109,6 +110,7 @@ class Executables:
         # (program_store.StoreSlot: exported, saved, compiled from the export); None: directly
         self.store = None
         self.plan = plan
+        self.config = config.current()  # the knobs its compile ran with, for each later trace
         self.donated = frozenset(donate)  # input positions whose buffers the executable reuses
         # Under a sharding plan: graph output -> the sharding its updated input keeps.
         self._constraints: dict[int, object] = {}
@@ -156,10 +158,9 @@ class Executables:
         def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
             if zeros:
-                inputs = [
-                    jax.numpy.zeros(a.shape, a.dtype) if type(a) is Zeros else a for a in inputs
-                ]
-            with mesh_scope.tracing_on(*((self.plan.mesh, self.plan.inputs) if self.plan else ())):
+                inputs = [jnp.zeros(a.shape, a.dtype) if type(a) is Zeros else a for a in inputs]
+            mesh = (self.plan.mesh, self.plan.inputs) if self.plan else ()
+            with config.scope(self.config), mesh_scope.tracing_on(*mesh):
                 outs = fn(seed, *inputs)
             if self._constraints:
                 outs = list(outs)
@@ -484,7 +485,7 @@ class CompiledGraph:
                 # autograd filled a tangent with zeros (an output nobody differentiated): a
                 # constant of the program; any other zero input is made on the device instead
                 # of being sent
-                if i in self._tangents and signatures.ZERO_TANGENTS:
+                if i in self._tangents and self.exes.config.zero_tangents:
                     return Zeros.like(t)
                 where = self.plan.replicated() if self.plan is not None else self.device
                 return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where, self._zeros)

@@ -5,7 +5,7 @@ Dynamo still traces the user's code in a new process (its guards and bytecode ar
 torch's own format for them is a pickle, and nothing loaded from ``cache_dir`` may run code).
 The graph it hands the backend is looked up by :func:`key_for`, a hash of the graph (code,
 inputs' shapes, dtypes, strides and ``requires_grad``, constants), the grad mode and the
-*fingerprint* of everything else that shapes a program (``dynamo/config.program_fingerprint``:
+*fingerprint* of everything else that shapes a program (``dynamo/options.program_fingerprint``:
 the package's own sources, every option and switch, the torch, jax, jaxlib and libtpu versions,
 the device kind). A hit is run without AOTAutograd:
 
