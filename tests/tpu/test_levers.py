@@ -61,7 +61,6 @@ def test_half_precision_projections_need_no_layout_copies(dtype, monkeypatch):
     x = torch.randn(4, 256, 256, dtype=dtype)
     # On the graph as AOTAutograd hands it over: products over unflattened activations
     # (leading_dims.py) leave this module no copy either way (measured: 0 with or without it).
-
     set_knobs(monkeypatch, leading_dims_platforms=())
     set_knobs(monkeypatch, tpu_half_dots=False)
     before = _copies(module, x)
@@ -111,8 +110,6 @@ def test_products_over_unaligned_tokens_keep_their_leading_dims(monkeypatch):
     """197 tokens (a ViT's) are not a multiple of the TPU tile's 8 rows: flattening
     ``[4, 197, 256]`` to ``[788, 256]`` for a 2-D product is a physical reshape on each side
     of every linear layer, unless the product reads the activation as it is (leading_dims.py)."""
-    from tpu_inductor.lowering import leading_dims
-
     mlp = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)
     ).to(torch.bfloat16)
@@ -120,7 +117,7 @@ def test_products_over_unaligned_tokens_keep_their_leading_dims(monkeypatch):
     relayouts = ("copy", "reshape")  # on a TPU a reshape across tiles is physical
     set_knobs(monkeypatch, leading_dims_platforms=())
     before = _copies(mlp, x, relayouts)
-    monkeypatch.setattr(leading_dims, "PLATFORMS", {"tpu"})
+    set_knobs(monkeypatch, leading_dims_platforms=("tpu",))
     after = _copies(mlp, x, relayouts)
     # Measured: 2 reshapes and 2 copies (the input's and a view's) without the rewrite; with it,
     # one copy: the result laid out row-major for the caller.

@@ -214,6 +214,13 @@ class Options:
         "platforms",
         advanced=True,
     )
+    conv_patches_platforms: tuple[str, ...] = _knob(
+        ("tpu",),
+        "platforms where a strided convolution over few input channels (a CNN's stem) takes "
+        "its weight gradient as one product of patches (slower on XLA:CPU)",
+        "platforms",
+        advanced=True,
+    )
     partitioner: str = _knob(
         "min_cut",
         "how AOTAutograd splits forward and backward: 'min_cut' (the backward recomputes cheap "

@@ -172,8 +172,8 @@ def _saved_programs(gm, example_inputs, opts: Options, device, dynamo_s: float):
     if warm is None:
         return program_store.Entry(opts.cache_dir, key, fingerprint), None
     first = warm.graph if isinstance(warm, program_store.WarmInference) else warm.forward
-    first.exes.frame = FrameStages(dynamo=dynamo_s, load=warm.load_seconds)
-    first.exes.frame_owner = True
+    first.exes.stats.frame = FrameStages(dynamo=dynamo_s, load=warm.load_seconds)
+    first.exes.stats.frame_owner = True
     return None, warm
 
 
@@ -185,10 +185,10 @@ def _attribute_stages(built: list, dynamo_s: float, aot_and_lower_s: float) -> N
     lowering = sum(e.lower_seconds for e in {id(e): e for e in built}.values())
     frame = FrameStages(dynamo=dynamo_s, aot=max(0.0, aot_and_lower_s - lowering))
     for e in built:
-        if e.frame is None:  # a program reused from the in-memory cache keeps its first frame
-            e.frame = frame
-    if built[0].frame is frame:
-        built[0].frame_owner = True
+        if e.stats.frame is None:  # a program reused from the in-memory cache keeps its own
+            e.stats.frame = frame
+    if built[0].stats.frame is frame:
+        built[0].stats.frame_owner = True
 
 
 def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
@@ -529,7 +529,7 @@ def _aot_backend(
                 hints.attach(frame, exes)
                 n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
                 if n >= len(frame.names):  # effect tokens come first
-                    exes.input_names = [None] * (n - len(frame.names)) + frame.names
+                    exes.stats.input_names = [None] * (n - len(frame.names)) + frame.names
             if kind == "forward":
                 capture.never_donate_backward_buffers()
                 if isinstance(compiled, CompiledGraph):

@@ -38,6 +38,7 @@ from tpu_inductor.core.transfers import D2H, H2D, Counter
 from tpu_inductor.lowering import mesh_scope
 from tpu_inductor.runtime import cache, device_owned
 from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
+from tpu_inductor.runtime.graph_stats import GraphStats
 from tpu_inductor.runtime.residency import (
     VALUES,
     StackSlice,
@@ -122,18 +123,7 @@ class Executables:
         self.lower_seconds = lower_seconds
         self.entries: collections.OrderedDict[tuple, object] = collections.OrderedDict()
         self.builds: list[Build] = []
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-        # Bytes of activations the last call of a training forward kept for the backward
-        # (set by CompiledGraph; report().graphs[i].saved_bytes).
-        self.saved_bytes = 0
-        self.checked: set = set()  # padded signatures already compared with an exact run
-        self.padding_off = False
-        self.input_names: list | None = None  # the user's names of the graph's inputs
-        self.hinted = False  # a recompile hint was said for this graph (hints.py)
-        self.frame = None  # its Dynamo graph's stages.FrameStages (set by the backend)
-        self.frame_owner = False  # whether report() counts the frame's seconds on this graph
+        self.stats = GraphStats()  # what report() shows, hints and buckets remember
         self._lock = threading.Lock()
         # The executable's inputs: the graph's, or with stacked state (lowering/packing.py) one
         # per packed slot (a stack stands for its members). Positions below are slots.
@@ -211,7 +201,7 @@ class Executables:
         """The executable for ``signature``, compiling it on first use."""
         exe = self.entries.get(signature)
         if exe is not None:
-            self.hits += 1
+            self.stats.hits += 1
             if len(self.entries) > 1:
                 self.entries.move_to_end(signature)
             return exe
@@ -219,7 +209,7 @@ class Executables:
             exe = self.entries.get(signature)
             if exe is not None:
                 return exe
-            self.misses += 1
+            self.stats.misses += 1
             start = time.perf_counter()
             with compile_progress(self.name, sum(self.lowered.ops.values())):
                 if self.store is not None:
@@ -236,7 +226,7 @@ class Executables:
             self.entries[signature] = exe
             if len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
-                self.evictions += 1
+                self.stats.evictions += 1
             log.info(
                 "%s: built executable #%d (%s) in %.2fs",
                 self.name,
@@ -297,7 +287,9 @@ class Executables:
                 lowered.as_text(debug_info=True)  # locations: module path, op, source line
             )
             (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
-        self.builds.append(Build(signature, reason, seconds, self.hits + self.misses, xla_seconds))
+        self.builds.append(
+            Build(signature, reason, seconds, self.stats.hits + self.stats.misses, xla_seconds)
+        )
         return reason
 
     def _reason(self, signature: tuple) -> str:
@@ -573,7 +565,7 @@ class CompiledGraph:
                 if exe is None:
                     exe = self._executable(seed, arrays, statics)
                 else:
-                    self.exes.hits += 1
+                    self.exes.stats.hits += 1
             elif exe is not None:
                 if self._lookup_first:  # parameters first: their device copies, one call each
                     lookup = VALUES.lookup
@@ -588,7 +580,7 @@ class CompiledGraph:
                 else:
                     arrays = [get(i, a) for i, a in enumerate(args)]
                 args.clear()
-                self.exes.hits += 1
+                self.exes.stats.hits += 1
             else:
                 tensor_inputs = self._tensor_inputs
                 arrays, statics = [], []
@@ -664,7 +656,7 @@ class CompiledGraph:
             else:
                 result.append(self._output(outs[k]))
         if self._saved:
-            self.exes.saved_bytes = saved_bytes
+            self.exes.stats.saved_bytes = saved_bytes
         return result
 
     def _write_back(self, outs, inputs: list, lazy: bool = False) -> None:

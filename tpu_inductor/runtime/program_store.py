@@ -467,10 +467,10 @@ class StoredExecutables(Executables):
         saved all-arrays executable, the zeros made on the device."""
         exe = self.entries.get(signature)
         if exe is not None:
-            self.hits += 1
+            self.stats.hits += 1
             return exe
         with self._lock:
-            self.misses += 1
+            self.stats.misses += 1
             start = time.perf_counter()
             record = signature_record(signature)
             found = self._saved.get(json.dumps(record, sort_keys=True))

@@ -140,7 +140,7 @@ class TargetGraph:
                 error = e
         end = time.perf_counter()
         seconds = end - start
-        exes.misses += 1
+        exes.stats.misses += 1
         if lowered is not None:  # as the runtime's signature: no shardings
             xla = end - xla_start if xla_start is not None else 0.0
             exes.record_build(signature_of(specs, statics), traced, lowered, seconds, xla)
