@@ -605,7 +605,7 @@ def readme_block(
     v = c["versions"]
     lines = [
         start,
-        f"<!-- Written by python -m benchmarks.tpu_programs --readme from {rel_json}; "
+        f"<!-- Written by python -m benchmarks.docs from {rel_json}; "
         "do not edit by hand. -->",
         "",
         f"Target {data['target']} (one chip), compile only (libtpu {v.get('libtpu', '?')}, "
