@@ -390,3 +390,21 @@ def test_readme_demo_sample_has_the_lines_the_demo_prints():
     assert script.labels(sample) == list(demo.LABELS), (
         "README demo sample is stale: python scripts/update_readme_demo.py"
     )
+
+
+def test_readme_demo_sample_drops_a_verdict_the_demo_calls_unreliable():
+    """On a loaded machine the sample keeps the times and leaves out "Nx faster", which a
+    reader could not reproduce; on a quiet one it keeps the demo's line as printed."""
+    import importlib.util
+
+    path = ROOT / "scripts" / "update_readme_demo.py"
+    spec = importlib.util.spec_from_file_location("update_readme_demo", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    steady = "  steady state        : 8.55 ms/call compiled, 174.54 ms/call torch eager -> "
+    loaded = (
+        f"tpu-inductor demo: x\n{steady}compiled is 20.41x faster\n  timing : UNRELIABLE (load 9)\n"
+    )
+    quiet = f"tpu-inductor demo: x\n{steady}compiled is 1.20x slower\n  timing : steady\n"
+    assert "20.41x" not in script.sample_of(loaded) and "no verdict" in script.sample_of(loaded)
+    assert script.sample_of(quiet) == quiet
