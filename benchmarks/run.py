@@ -1,4 +1,4 @@
-"""The benchmark suite: ``python -m benchmarks.run [--quick] [--results DIR] [--docs]``.
+"""The benchmark suite: ``python -m benchmarks.run [--quick] [--results DIR]``.
 
 Measures, side by side in one run, and reports as ratios (ours / theirs):
 
@@ -14,8 +14,8 @@ Measures, side by side in one run, and reports as ratios (ours / theirs):
 Every contender of every item runs in a subprocess of its own (``benchmarks.suite``), so JAX's and
 torch's thread pools never share a process and memory peaks don't mix. Progress goes to stderr;
 the tables to stdout; ``<name>.json`` and ``<name>.png`` are written to ``--results`` (default
-the git-ignored ``benchmarks/results/local``), and ``--docs`` rewrites docs/performance.md from
-the committed results.
+the git-ignored ``benchmarks/results/local``); with ``--results benchmarks/results``,
+``python -m benchmarks.docs`` then rewrites docs/performance.md from them.
 """
 
 from __future__ import annotations
@@ -349,12 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         help="run every task in this process (tests only: thread pools then mix)",
     )
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument(
-        "--docs",
-        action="store_true",
-        help="then rewrite docs/performance.md from the committed results "
-        "(python -m benchmarks.docs; use with --results benchmarks/results)",
-    )
     args = p.parse_args(argv)
     args.argv = argv
     results = run(args)
@@ -370,11 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{report.machine_line(results)}\n")
     print(report.tables(results))
     _progress(f"wrote {json_path}" + (f" and {png_path}" if "plot" in results else ""))
-    if args.docs:
-        from benchmarks import docs
-
-        docs.write()
-        _progress(f"updated {docs.PAGE}")
     return 1 if _failures(results) else 0
 
 

@@ -459,12 +459,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="results file name (default tpu-programs)")
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--in-process", action="store_true", help="no subprocesses (tests)")
-    p.add_argument(
-        "--docs",
-        action="store_true",
-        help="then rewrite docs/performance.md from the committed results "
-        "(python -m benchmarks.docs; use with --results benchmarks/results)",
-    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)
@@ -530,10 +524,6 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     print(table(data))
     plot(data, out_dir / f"{name}.png")
-    if args.docs:
-        from benchmarks import docs
-
-        docs.write()
     return 0
 
 
