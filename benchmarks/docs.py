@@ -1,5 +1,5 @@
-"""Rewrite docs/performance.md's generated blocks from the committed results:
-``python -m benchmarks.docs``.
+"""Rewrite the docs' generated blocks (docs/performance.md, docs/training.md's bytes per step)
+from the committed results: ``python -m benchmarks.docs``.
 
 Each block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` and names the command
 and date of the run it shows; tests/test_docs.py fails when a block differs from what
@@ -18,6 +18,16 @@ from pathlib import Path
 from benchmarks import paths
 
 PAGE = paths.ROOT / "docs" / "performance.md"
+TRAINING = paths.ROOT / "docs" / "training.md"
+# The training loop's variants (benchmarks.training_loop.VARIANTS), as docs/training.md names them.
+LOOP_VARIANTS = {
+    "loop": "`loop`: the loop above in float32, no checkpointing, one micro-batch",
+    "loop-eager-clip": "`loop`, `clip_grad_norm_` eager between the compiled calls",
+    "loop-no-keep": "`loop` without `keep_on_device`",
+    "loop-accumulate-2": "`loop`, two micro-batches per step",
+    "loop-checkpointing": "`loop` + `gradient_checkpointing_enable()`",
+    "loop-bf16": "`loop` + bf16 autocast",
+}
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -61,8 +71,31 @@ def tpu_block(name: str, results_dir: Path = paths.RESULTS, page: Path = PAGE) -
     return tpu_programs.readme_block(data, levers, _rel(json_path, base), rel_png, markers)
 
 
+def training_loop_block(results_dir: Path = paths.RESULTS) -> str:
+    """docs/training.md's bytes per step of the training loop's variants, from
+    ``benchmarks.training_loop``'s results (the bytes are exact; its times are left out)."""
+    from benchmarks.training_loop import _fmt
+
+    record = json.loads((results_dir / "training_loop.json").read_text())
+    lines = [
+        "<!-- training-loop:start -->",
+        f"`{record['command']}`, {record['date']} (written by `python -m benchmarks.docs`):",
+        "",
+        "| variant | host->device | device->host | saved activations |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in record["results"]:
+        name = LOOP_VARIANTS.get(r["workload"], f"`{r['workload']}`")
+        lines.append(
+            f"| {name} | {_fmt(r['h2d_per_step'])} | {_fmt(r['d2h_per_step'])} | "
+            f"{_fmt(r['saved_activation_bytes'])} |"
+        )
+    lines.append("<!-- training-loop:end -->")
+    return "\n".join(lines)
+
+
 def blocks(results_dir: Path = paths.RESULTS, page: Path = PAGE) -> list[str]:
-    """Every generated block of the page, in page order."""
+    """Every generated block of docs/performance.md, in page order."""
     return [
         perf_block(results_dir, page),
         tpu_block("tpu-programs", results_dir, page),
@@ -86,11 +119,13 @@ def replace_block(text: str, block: str) -> str:
 
 
 def write(results_dir: Path = paths.RESULTS, page: Path = PAGE) -> None:
-    """Rewrite every generated block of ``page`` from the results in ``results_dir``."""
+    """Rewrite every generated block of ``page`` and of docs/training.md from the results in
+    ``results_dir``."""
     text = page.read_text()
     for block in blocks(results_dir, page):
         text = replace_block(text, block)
     page.write_text(text)
+    TRAINING.write_text(replace_block(TRAINING.read_text(), training_loop_block(results_dir)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,14 +58,18 @@ def test_compile_time_doc_table_is_the_generated_one():
 
 
 def test_performance_doc_blocks_are_the_generated_ones():
-    """docs/performance.md's figures are what ``python -m benchmarks.docs`` writes from the
-    committed results in benchmarks/results/*.json; after updating a results file, run it."""
+    """docs/performance.md's figures and docs/training.md's bytes per step are what
+    ``python -m benchmarks.docs`` writes from the committed results in benchmarks/results/*.json;
+    after updating a results file, run it."""
     from benchmarks import docs
 
     page = docs.PAGE.read_text()
     for block in docs.blocks():
         name = block.split("\n", 1)[0]
         assert block in page, f"docs/performance.md's {name} is stale: python -m benchmarks.docs"
+    training = docs.TRAINING.read_text()
+    stale = "docs/training.md's bytes per step are stale: python -m benchmarks.docs"
+    assert docs.training_loop_block() in training, stale
 
 
 def test_planning_doc_lists_every_real_size_row():
