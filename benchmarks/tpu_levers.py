@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import paths
 from benchmarks.tpu_workloads import RATIO_KEYS, RESULTS, ROOT, derive, totals
 
 # (label, commit of branch issue22, contender, internal switches): each lever on top of the ones
@@ -231,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="v5e:2x2")
     p.add_argument("--only", default=WORKLOADS)
     p.add_argument("--hand-from", default="", help="hand-written rows from an earlier run")
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument(
+        "--results",
+        "--out-dir",
+        dest="out_dir",
+        default=str(paths.LOCAL),
+        help="folder for the results (default benchmarks/results/local, git-ignored)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch folders")
     p.add_argument(
         "--scratch",
