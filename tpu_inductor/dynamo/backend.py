@@ -39,6 +39,7 @@ from tpu_inductor.dynamo.config import (
     program_fingerprint,
     switch_values,
 )
+from tpu_inductor.dynamo.user_errors import our_errors_first
 from tpu_inductor.lowering import custom_ops, refusals
 from tpu_inductor.lowering.lower import (
     check_dtypes,
@@ -70,6 +71,7 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 _graph_ids = itertools.count()
 
 
+@our_errors_first
 def tpu_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
