@@ -105,6 +105,7 @@ def tpu_backend(
     dynamo_s = stages.dynamo_seconds()  # before any of our work
     opts = parse_options(options, mode)
     configure_logging()
+    optimizers.quiet_profiler_note()  # before a compiled opt.step is traced
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
     breaks.restart_to_join_step(gm)  # opt.step() joins this frame's program (may restart)
     if opts.scan_layers:  # repeated layers traced once (may restart)
