@@ -66,7 +66,8 @@ def said_first(error: CompileError) -> CompileError:
 
 
 def our_errors_first(backend):
-    """Wrap a Dynamo backend so that its :class:`CompileError`\\ s go through :func:`said_first`."""
+    """Wrap a Dynamo backend so that every :class:`CompileError` it raises goes through
+    :func:`said_first`."""
 
     @functools.wraps(backend)
     def wrapper(*args, **kwargs):
