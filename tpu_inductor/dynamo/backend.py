@@ -39,6 +39,7 @@ from tpu_inductor.dynamo.options import (
     plan_of,
     program_fingerprint,
 )
+from tpu_inductor.dynamo.user_errors import our_errors_first
 from tpu_inductor.lowering import custom_ops, refusals
 from tpu_inductor.lowering.lower import (
     check_dtypes,
@@ -70,6 +71,7 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 _graph_ids = itertools.count()
 
 
+@our_errors_first
 def tpu_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -103,6 +105,7 @@ def tpu_backend(
     dynamo_s = stages.dynamo_seconds()  # before any of our work
     opts = parse_options(options, mode)
     configure_logging()
+    optimizers.quiet_profiler_note()  # before a compiled opt.step is traced
     with config.scope(opts):  # every stage reads this compile's knobs (core/config.py)
         return _compile_frame(gm, example_inputs, opts, dynamo_s)
 
