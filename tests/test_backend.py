@@ -155,7 +155,7 @@ def test_check_meta_catches_a_wrong_lowering(monkeypatch):
 
     op = torch.ops.aten.sin.default
     good = LOWERINGS[op]
-    bad = Lowering(op, lambda ctx, x: (x[..., :1] * 0).astype("float16"), None, None, False)
+    bad = Lowering(op=op, fn=lambda ctx, x: (x[..., :1] * 0).astype("float16"))
     monkeypatch.setitem(LOWERINGS, op, bad)
 
     tpu_inductor.reset()

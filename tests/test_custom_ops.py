@@ -468,6 +468,6 @@ def test_pallas_interpret_follows_the_compiled_device():
     tpu_inductor.register_lowering(axpy, lowering)
     node = types.SimpleNamespace(meta={"val": torch.empty(3)}, users={})
     for platform in ("tpu", "gpu", "cpu", None):
-        ctx = LoweringContext(node, None, (), platform=platform)
+        ctx = LoweringContext(node=node, precision=None, arg_metas=(), platform=platform)
         LOWERINGS[axpy._opoverload](ctx, (jnp.ones(3), jnp.ones(3), 2.0), {})
     assert seen == [False, False, True, jax.default_backend() not in ("tpu", "gpu")]

@@ -36,7 +36,7 @@ def broken_gelu(monkeypatch):
     monkeypatch.setitem(
         LOWERINGS,
         op,
-        Lowering(op, lambda ctx, x, approximate="none": jnp.tanh(x), None, None, False),
+        Lowering(op=op, fn=lambda ctx, x, approximate="none": jnp.tanh(x)),
     )
     tpu_inductor.reset()
     yield
@@ -95,7 +95,7 @@ def test_assert_matches_cpu_bf16_still_catches_a_lowering_bug(monkeypatch):
     monkeypatch.setattr(testing, "find_divergence", lambda *a, **k: None)
     op = torch.ops.aten.relu.default
     good = LOWERINGS[op]
-    bad = Lowering(op, lambda ctx, x: good.fn(ctx, x) * 1.05, good.promote, None, False)
+    bad = Lowering(op=op, fn=lambda ctx, x: good.fn(ctx, x) * 1.05, promote=good.promote)
     monkeypatch.setitem(LOWERINGS, op, bad)
     tpu_inductor.reset()
     model, x = _bf16_transformer()

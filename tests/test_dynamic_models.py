@@ -210,7 +210,7 @@ def test_assert_async_is_checked_not_reported_missing():
         assert str(info.value).startswith(str(eager.value)), (str(info.value), str(eager.value))
         assert "test_dynamic_models.py" in str(info.value), str(info.value)
     lowering = LOWERINGS[torch.ops.aten._assert_async.default]  # concrete: checked now
-    ctx = LoweringContext(None, None, ())
+    ctx = LoweringContext(node=None, precision=None, arg_metas=())
     assert lowering(ctx, (torch.tensor(True).numpy(),), {}) is None
     with pytest.raises(RuntimeError, match="Expected Tensor with single nonzero value"):
         lowering(ctx, (torch.tensor(0.0).numpy(),), {})

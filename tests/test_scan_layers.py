@@ -287,7 +287,15 @@ def test_an_update_scan_writes_its_new_values_into_the_input_stacks():
     nodes = [graph.placeholder(f"n{i}") for i in range(3)]
     nodes[0].meta["val"] = nodes[2].meta["val"] = torch.empty(2, 3)  # a parameter, its new value
     nodes[1].meta["val"] = torch.empty(5, dtype=torch.int64)  # a step count: nothing to pair
-    group = ScanGroup("t", [[nodes[2]]] * 4, [], [(nodes[0],), (nodes[1],)], [], [0], set())
+    group = ScanGroup(
+        name="t",
+        blocks=[[nodes[2]]] * 4,
+        leaves=[],
+        xs=[(nodes[0],), (nodes[1],)],
+        carry=[],
+        ys=[0],
+        needed=set(),
+    )
     assert group._pairs() == {0: 0}
 
     def body(carry, x):

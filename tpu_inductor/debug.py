@@ -158,9 +158,11 @@ def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Div
             args, kwargs = load(node.args), {k: load(v) for k, v in node.kwargs.items()}
             env[node] = node.target(*args, **kwargs)
             lowering = LOWERINGS.get(node.target)
-            if lowering is None or lowering.random:
+            if lowering is None or lowering.random or lowering.wraps is not None:
                 continue
-            ctx = LoweringContext(node, precision, tuple(_meta_of(a) for a in node.args))
+            ctx = LoweringContext(
+                node=node, precision=precision, arg_metas=tuple(_meta_of(a) for a in node.args)
+            )
             try:
                 got = lowering(ctx, to_jax(args), {k: to_jax(v) for k, v in kwargs.items()})
             except Exception as e:  # a lowering that raises is itself the divergence

@@ -168,7 +168,7 @@ def test_fused_softmax_only_where_the_logsumexp_is_not_read():
     graph.output(out)
 
     def fused(platform, dtype=jax.numpy.bfloat16):
-        ctx = LoweringContext(node, None, (), platform=platform)
+        ctx = LoweringContext(node=node, precision=None, arg_metas=(), platform=platform)
         query = jax.numpy.zeros((1, 2, 4, 8), dtype)
         return attention.fused_softmax(ctx, query, attention._reads_second_output(node))
 

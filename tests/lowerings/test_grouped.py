@@ -179,11 +179,11 @@ def test_transformers_grouped_mm_fallback(dtype, offs_dtype):
 def test_lowering_registered_by_name_binds_on_first_lookup():
     """A custom op's lowering may be registered by its qualified name before its library
     exists; it is bound when a graph first holds the op."""
-    from tpu_inductor.lowering.lowerings import LOWERINGS, register_lowering
+    from tpu_inductor.lowering.lowerings import LOWERINGS, lowers
 
     name = "tpu_inductor_test_moe::triple.default"
 
-    @register_lowering(name)
+    @lowers(name)
     def _triple(ctx, x):
         return x * 3
 

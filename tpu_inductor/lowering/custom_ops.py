@@ -51,7 +51,13 @@ from tpu_inductor.core.dtypes import to_jax_dtype
 from tpu_inductor.core.errors import LoweringOutputError, RegistrationError
 from tpu_inductor.core.shapes import concrete_shape
 from tpu_inductor.core.sources import user_frame
-from tpu_inductor.lowering.lowerings.registry import LOWERINGS, Lowering, LoweringContext
+from tpu_inductor.lowering.lowerings.registry import (
+    LOWERINGS,
+    Lowering,
+    LoweringContext,
+    install,
+    uninstall,
+)
 
 DIFFERENTIABLE = ("torch", "jax_vjp")
 # Namespaces of torch's own ops: their autograd formulas are torch's and stay so.
@@ -66,7 +72,7 @@ _PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _generations = itertools.count(1)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Registration:
     """One op's registered lowering.
 
@@ -448,21 +454,19 @@ def _install(op: OpOverload, fn: Callable, differentiable: str) -> None:
     if old is not None:
         _remove(old)
     reg = Registration(
-        op,
-        fn,
-        differentiable,
-        next(_generations),
-        _fn_fingerprint(fn),
+        op=op,
+        fn=fn,
+        differentiable=differentiable,
+        generation=next(_generations),
+        fingerprint=_fn_fingerprint(fn),
         previous=LOWERINGS.get(op),  # binds a pending built-in (registered by name) first
     )
-    LOWERINGS[op] = Lowering(op, _lowering_of(reg), None, None, False)
+    install(Lowering(op=op, fn=_lowering_of(reg)), replace=True)
     REGISTRY[op] = reg
     if differentiable == "jax_vjp":
         try:
             reg.backward_op = _backward_op(op)
-            LOWERINGS[reg.backward_op] = Lowering(
-                reg.backward_op, _vjp_lowering_of(reg), None, None, False
-            )
+            install(Lowering(op=reg.backward_op, fn=_vjp_lowering_of(reg)), replace=True)
             reg.undo_autograd = _register_vjp_autograd(op, reg.backward_op)
         except Exception:
             _remove(reg)
@@ -473,11 +477,11 @@ def _remove(reg: Registration) -> None:
     op = reg.op
     REGISTRY.pop(op, None)
     if reg.previous is not None:
-        LOWERINGS[op] = reg.previous
+        install(reg.previous, replace=True)
     else:
-        dict.pop(LOWERINGS, op, None)
+        uninstall(op)
     if reg.backward_op is not None:
-        dict.pop(LOWERINGS, reg.backward_op, None)
+        uninstall(reg.backward_op)
     if reg.undo_autograd is not None:
         reg.undo_autograd()
 

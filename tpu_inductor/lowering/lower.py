@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import operator
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +39,7 @@ from tpu_inductor.core.sources import provenance, user_frame
 from tpu_inductor.lowering import leading_dims
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
 from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
+from tpu_inductor.lowering.lowerings.wrappers import wrapped_view
 from tpu_inductor.lowering.packing import packed_fn, plan_packing
 
 # Python-level ops Dynamo/AOTAutograd leave in graphs (mostly SymInt arithmetic).
@@ -126,7 +127,7 @@ def _meta_of(a):
     return map_arg(a, lambda n: n.meta.get("val"))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class LoweredGraph:
     """A graph translated to a pure JAX function.
 
@@ -217,70 +218,32 @@ class Mutation:
 COPY_ = torch.ops.aten.copy_.default
 
 
-# with_effects(token, op, *args) wraps ops with side effects (e.g. linalg's error checks).
-WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
-
-# Activation checkpointing's RNG wrappers (torch/_prims/rng_prims.py). AOTAutograd
-# (partitioners.functionalize_rng_ops) wraps each random op that the backward recomputes:
-# run_and_save_rng_state(op, *args) -> (state, op(*args)) in the forward, which saves the state,
-# and run_with_rng_state(state, op, *args) -> op(*args) in the backward, which must draw the same
-# numbers (the same dropout mask). Eager's state is the CPU generator's (uint8[5056]); ours is
-# where the op's keys come from: the call's base key and the draw counter at the op, as
-# uint32[3] bytes (uint8[12]). The forward runs the op exactly as without checkpointing (its
-# draws are fold_in(base, counter), counting on), so a checkpointed graph draws the numbers the
-# plain one draws under the same seed; the backward replays fold_in(base, start + i) from the
-# saved state and draws no seed of its own.
-RUN_AND_SAVE_RNG = getattr(torch.ops.higher_order, "run_and_save_rng_state", None)
-RUN_WITH_RNG = getattr(torch.ops.higher_order, "run_with_rng_state", None)
-# wrapper -> position of the wrapped op among its arguments
-_WRAPPERS = {w: i for w, i in ((WITH_EFFECTS, 1), (RUN_AND_SAVE_RNG, 0), (RUN_WITH_RNG, 1)) if w}
+def _lowered_as(node: fx.Node) -> Any:
+    """The node a lowering is looked up and refused for: for a wrapper op (a row with
+    ``wraps``, such as ``with_effects``) the op it wraps, else ``node`` itself."""
+    row = LOWERINGS.get(node.target)
+    if row is None or row.wraps is None:
+        return node
+    return wrapped_view(node, row)
 
 
 def is_lowerable(node: fx.Node) -> bool:
     """Whether a ``call_function`` node has a lowering (or is Python arithmetic we run) that
     handles its arguments (``lowerings.unsupported.REFUSED`` says when one does not)."""
-    wrapped = node.target in _WRAPPERS
-    target = node.args[_WRAPPERS[node.target]] if wrapped else node.target
-    if target in PYTHON_OPS or target is COPY_:
+    node = _lowered_as(node)
+    if node.target in PYTHON_OPS or node.target is COPY_:
         return True
-    if target not in LOWERINGS:
+    if node.target not in LOWERINGS:
         return False
-    return refusal(_wrapped_view(node) if wrapped else node) is None
+    return refusal(node) is None
 
 
 def why_unsupported(node: fx.Node) -> str | None:
     """The reason a node is not lowered on purpose (``lowerings.unsupported``), if one is known."""
-    if node.target in _WRAPPERS:
-        view = _wrapped_view(node)
-        return refusal(view) if view.target in LOWERINGS else UNSUPPORTED.get(view.target)
+    node = _lowered_as(node)
     if node.target in LOWERINGS:
         return refusal(node)
     return UNSUPPORTED.get(node.target)
-
-
-def _wrapped_view(node: fx.Node) -> Any:
-    """What the wrapped op's lowering sees of a with_effects or RNG-state node: its own
-    target, arguments and output spec, without the effect token or the RNG state."""
-    start = _WRAPPERS[node.target]
-    op, args = node.args[start], node.args[start + 1 :]
-    val = node.meta.get("val")
-    if node.target is WITH_EFFECTS:
-        val = val[1] if isinstance(val, tuple | list) else None
-    else:  # the RNG wrappers carry no spec of their own: the op's, from fake tensors
-        val = _fake_result(op, args, node.kwargs)
-    return types.SimpleNamespace(
-        target=op, args=args, kwargs=node.kwargs, name=node.name, meta={**node.meta, "val": val}
-    )
-
-
-def _fake_result(op, args, kwargs):
-    metas, kw = _meta_of(args), _meta_of(kwargs)
-    flat = [m for m in torch.utils._pytree.tree_leaves((metas, kw)) if isinstance(m, torch.Tensor)]
-    mode = torch._guards.detect_fake_mode(flat)
-    if mode is None:
-        return None
-    with mode:
-        return op(*metas, **kw)
 
 
 def check_supported(gm: fx.GraphModule) -> None:
@@ -383,18 +346,9 @@ def lower_graph(
         tidy_calls(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    tensor_inputs = tuple(
-        i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)
-    )
-    has_rng = any(n.op == "call_function" and _is_random(n) for n in nodes)
-    jax_precision = PRECISIONS[precision]
     output_node = next(n for n in reversed(nodes) if n.op == "output")
-    num_outputs = len(output_node.args[0])
     input_metas = tuple(n.meta.get("val") for n in placeholders)
     output_metas = tuple(_meta_of(a) for a in output_node.args[0])
-    scalar_outputs = frozenset(
-        i for i, m in enumerate(output_metas) if not isinstance(m, torch.Tensor | type(None))
-    )
     dynamic = graph_is_dynamic(input_metas)
     output_plan, computed = _output_plan(output_node.args[0], placeholders)
     view_outputs = frozenset(
@@ -402,146 +356,231 @@ def lower_graph(
         for j, m in enumerate(output_metas)
         if output_plan[j][0] == "out" and isinstance(m, torch.Tensor) and _symbolic_layout(m)
     )
-    layouts: dict = {}
     mutations, extra = _mutations(nodes, placeholders, len(computed))
-    # Scalars read from values known once the sizes are, and assertions on them: their inputs
-    # run while tracing (jax.ensure_compile_time_eval), so the read is a Python number that may
-    # become a size, and the assertion is checked once per size instead of at every call.
+    host_eval, host_sizes = _host_eval(nodes)
+    jax_precision = PRECISIONS[precision]
+    contexts = {}
+    for n in nodes:
+        if n.op == "call_function" and n.target in LOWERINGS:
+            seen = _lowered_as(n)  # a wrapper's lowering sees the op it wraps
+            metas = tuple(_meta_of(a) for a in seen.args)
+            contexts[n] = LoweringContext(
+                node=seen, precision=jax_precision, arg_metas=metas, platform=platform
+            )
+    groups = {}
+    if scan_layers:
+        keep = {n for n in computed + extra if isinstance(n, fx.Node)}
+        groups = _plan_scans(gm, nodes, keep=keep, host_eval=host_eval, dynamic=dynamic)
+    walk = _GraphWalk(
+        gm=gm,
+        n_inputs=len(placeholders),
+        input_metas=input_metas,
+        output_metas=output_metas,
+        has_rng=any(n.op == "call_function" and _is_random(n) for n in nodes),
+        dynamic=dynamic,
+        check_meta=check_meta,
+        contexts=contexts,
+        host_eval=frozenset(host_eval),
+        groups=groups,
+        inside=frozenset(n for g in groups.values() for n in g.nodes),
+        returned=tuple(computed + extra),
+        view_outputs=view_outputs,
+    )
+    ops = collections.Counter(str(n.target) for n in nodes if n.op == "call_function")
+    packing = None
+    if groups:
+        packing = plan_packing(groups, placeholders, mutations, len(computed) + len(extra))
+    return LoweredGraph(
+        fn=functools.partial(_trace, walk),
+        tensor_inputs=tuple(i for i, m in enumerate(input_metas) if isinstance(m, torch.Tensor)),
+        has_rng=walk.has_rng,
+        num_outputs=len(output_node.args[0]),
+        scalar_outputs=frozenset(
+            i for i, m in enumerate(output_metas) if not isinstance(m, torch.Tensor | type(None))
+        ),
+        dynamic=dynamic,
+        input_metas=input_metas,
+        output_metas=output_metas,
+        ops=dict(ops),
+        output_plan=output_plan,
+        mutations=mutations,
+        host_sizes=host_sizes,
+        view_outputs=view_outputs,
+        layouts=walk.layouts,
+        packing=packing,
+        tangent_inputs=frozenset(
+            i for i, n in enumerate(placeholders) if n.target.startswith("tangents")
+        ),
+    )
+
+
+def _host_eval(nodes) -> tuple[set, bool]:
+    """The nodes evaluated while tracing, and whether an item is read from sizes.
+
+    Scalars read from values known once the sizes are, and assertions on them: their inputs
+    run while tracing (jax.ensure_compile_time_eval), so the read is a Python number that may
+    become a size, and the assertion is checked once per size instead of at every call. An
+    item read from sizes means pad_to must not apply (see buckets.can_pad).
+    """
     host_eval: set = set()
-    host_sizes = False  # an item read from sizes (pad_to must not apply: see buckets.can_pad)
+    host_sizes = False
     for n in nodes:
         if n.op == "call_function" and n.target in _READ_WHILE_TRACING:
             inputs = size_only_inputs(n)
             host_eval |= inputs or set()
             host_sizes |= inputs is not None and n.target is _READ_WHILE_TRACING[0]
-    contexts = {
-        n: LoweringContext(n, jax_precision, tuple(_meta_of(a) for a in n.args), platform=platform)
-        for n in nodes
-        if n.op == "call_function" and n.target in LOWERINGS
-    }
-    for n in nodes:
-        if n.op == "call_function" and n.target in _WRAPPERS:
-            view = _wrapped_view(n)
-            contexts[n] = LoweringContext(
-                view, jax_precision, tuple(_meta_of(a) for a in view.args), platform=platform
-            )
+    return host_eval, host_sizes
 
-    groups = {}
-    if scan_layers:
-        from tpu_inductor.lowering.scan_calls import plan_call_scans
-        from tpu_inductor.lowering.scan_layers import plan_scans
-        from tpu_inductor.lowering.scan_updates import plan_update_scans
 
-        unscannable = {n for n in nodes if n.op == "call_function" and not _scannable(n)}
-        keep = {n for n in computed + extra if isinstance(n, fx.Node)}
-        groups = plan_scans(
-            nodes,
-            keep=keep,
-            unscannable=unscannable | host_eval,
-            dynamic=dynamic,
-            gm=gm,
-            calls=plan_call_scans,
-            then=plan_update_scans,
-        )
-    inside = {n for g in groups.values() for n in g.nodes}
+def _plan_scans(gm, nodes, *, keep: set, host_eval: set, dynamic: bool) -> dict:
+    """scan_layers' plan: each run of repeated blocks (layers, subgraph calls, optimizer
+    updates) by the node it is lowered at."""
+    from tpu_inductor.lowering.scan_calls import plan_call_scans
+    from tpu_inductor.lowering.scan_layers import plan_scans
+    from tpu_inductor.lowering.scan_updates import plan_update_scans
 
-    def fn(seed, *inputs, stacks: dict | None = None, draws: list | None = None):
-        env: dict[fx.Node, Any] = {}
-        input_ids = set()
-        for node, value in zip(placeholders, inputs, strict=True):
-            env[node] = value
-            input_ids.add(id(value))
-        bindings = bind(input_metas, inputs) if dynamic or host_eval else None
-        key = _binding_key(bind(input_metas, inputs)) if view_outputs else None
+    unscannable = {n for n in nodes if n.op == "call_function" and not _scannable(n)}
+    return plan_scans(
+        nodes,
+        keep=keep,
+        unscannable=unscannable | host_eval,
+        dynamic=dynamic,
+        gm=gm,
+        calls=plan_call_scans,
+        then=plan_update_scans,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _GraphWalk:
+    """What :func:`lower_graph` found in a graph, read by every trace of it
+    (:class:`JaxInterpreter`). ``contexts`` and ``layouts`` are updated by each trace."""
+
+    gm: fx.GraphModule
+    n_inputs: int
+    input_metas: tuple
+    output_metas: tuple
+    has_rng: bool
+    dynamic: bool
+    check_meta: bool
+    contexts: dict  # call_function node -> its LoweringContext
+    host_eval: frozenset  # nodes evaluated while tracing (_host_eval)
+    groups: dict  # scan_layers: the node a run of blocks is lowered at -> its ScanGroup
+    inside: frozenset  # every node of those runs
+    returned: tuple  # what fn returns: the computed outputs, then the mutations' values
+    view_outputs: frozenset
+    layouts: dict = dataclasses.field(default_factory=dict)
+
+
+def _trace(walk: _GraphWalk, seed, *inputs, stacks: dict | None = None, draws=None) -> tuple:
+    """``LoweredGraph.fn``: the graph's values for ``inputs``, traced into JAX.
+
+    ``stacks`` is packing's record of inputs sliced from stacks (``packing.packed_fn``);
+    ``draws`` the draw counter of a calling graph, shared by a subgraph's call."""
+    if len(inputs) != walk.n_inputs:
+        raise ValueError(f"the graph takes {walk.n_inputs} inputs, given {len(inputs)}")
+    interpreter = JaxInterpreter(walk, seed=seed, inputs=inputs, stacks=stacks, draws=draws)
+    return interpreter.run(*inputs, enable_io_processing=False)
+
+
+class JaxInterpreter(fx.Interpreter):
+    """One trace of a lowered graph: runs each node's lowering on JAX values.
+
+    ``placeholder`` and ``output`` come from :class:`fx.Interpreter` and :meth:`output`;
+    :meth:`run_node` hands a run of repeated blocks to its scan (``ScanGroup.run``);
+    :meth:`lower` is one node's value, for the walk and for a scan body alike.
+    """
+
+    def __init__(self, walk: _GraphWalk, *, seed, inputs: tuple, stacks: dict | None, draws):
+        super().__init__(walk.gm, garbage_collect_values=False)
+        self.extra_traceback = False  # our errors name the node and the user's line already
+        self.walk = walk
+        self.seed = seed
+        self.input_ids = {id(v) for v in inputs}
+        self.bindings = bind(walk.input_metas, inputs) if walk.dynamic or walk.host_eval else None
+        self.key = _binding_key(bind(walk.input_metas, inputs)) if walk.view_outputs else None
         # the next random draw's number; a subgraph's call shares its caller's (draws), so a
         # repeated layer draws what the same ops unrolled draw
-        counter = draws if draws is not None else [0]
-        for ctx in contexts.values():
-            ctx.bindings = bindings
-            ctx.seed, ctx.draws = seed, counter
-        base_key = jax.random.wrap_key_data(seed, impl="threefry2x32") if has_rng else None
-
-        def draw():
-            counter[0] += 1
-            return jax.random.fold_in(base_key, counter[0] - 1)
-
-        def load(a):
-            return map_arg(a, env.__getitem__)
-
-        def run(node, args, kwargs):
-            """The value of one node, given its arguments' values."""
-            if node.op == "get_attr":
-                if node in host_eval:  # a constant a scalar is read from: a concrete array
-                    with jax.ensure_compile_time_eval():
-                        return _constant(getattr(gm, node.target))
-                return _constant(getattr(gm, node.target))
-            if node.target in PYTHON_OPS:
-                return PYTHON_OPS[node.target](*args, **kwargs)
-            if node.target is COPY_:  # an in-graph input mutation: its value is returned
-                dst, src = args[0], args[1]
-                return jnp.broadcast_to(src.astype(dst.dtype), dst.shape)
-            ctx = contexts[node]
-            if has_rng:
-                ctx.make_key = draw
-            try:
-                if node in host_eval:
-                    with jax.ensure_compile_time_eval():
-                        value = LOWERINGS[node.target](ctx, args, kwargs)
-                elif node.target is WITH_EFFECTS:  # the token passes through, the op is lowered
-                    with provenance(node):
-                        value = (args[0], LOWERINGS[args[1]](ctx, args[2:], kwargs))
-                elif node.target is RUN_AND_SAVE_RNG:  # saves where its draws start
-                    # (an op that draws nothing, attention without dropout, saves no seed)
-                    state = _rng_state(seed, counter[0]) if has_rng else _NO_RNG_STATE
-                    with provenance(node):
-                        value = (state, LOWERINGS[args[0]](ctx, args[1:], kwargs))
-                elif node.target is RUN_WITH_RNG:  # replays the forward's draws
-                    ctx.make_key = _replay(args[0])
-                    with provenance(node):
-                        value = LOWERINGS[args[1]](ctx, args[2:], kwargs)
-                else:
-                    with provenance(node):
-                        value = LOWERINGS[node.target](ctx, args, kwargs)
-            except (
-                UnsupportedOpError,
-                UnsupportedDtypeError,
-                ShapeMismatchError,
-                LoweringOutputError,
-            ):
-                raise
-            except Exception as e:
-                raise_failed_assert(e)  # a torch._assert_async on sizes: torch's RuntimeError
-                raise LoweringError(
-                    f"lowering {describe_node(node)} failed: {type(e).__name__}: {e}\n"
-                    f"  at {user_frame(node)}"
-                ) from e
-            if check_meta:
-                _check_meta(node, value, bindings)
-            return value
-
-        # scan_layers: values sliced out of a stacked array (a scan's outputs, or a stacked input:
-        # packing.py), so a scan reading them all takes that array
-        stacks = {} if stacks is None else stacks
-        if groups:  # and the placements of the inputs it stacks (a sharding plan's)
+        self.counter = draws if draws is not None else [0]
+        self.base_key = None
+        if walk.has_rng:
+            self.base_key = jax.random.wrap_key_data(seed, impl="threefry2x32")
+        for ctx in walk.contexts.values():
+            ctx.bindings = self.bindings
+            ctx.seed, ctx.draws = seed, self.counter
+            ctx.make_key = self.draw if walk.has_rng else None
+        # scan_layers: values sliced out of a stacked array (a scan's outputs, or a stacked
+        # input: packing.py), so a scan reading them all takes that array
+        self.stacks = {} if stacks is None else stacks
+        if walk.groups:  # and the placements of the inputs it stacks (a sharding plan's)
             from tpu_inductor.lowering.scan_layers import Placements
 
-            stacks["placed"] = Placements.of_inputs(inputs)
-        for node in nodes:
-            if node.op in ("placeholder", "output"):
-                continue
-            if node in groups:  # the last node of a run of repeated blocks: one lax.scan
-                groups[node].run(env, run, stacks)
-            elif node not in inside:
-                env[node] = run(node, load(node.args), {k: load(v) for k, v in node.kwargs.items()})
-        if view_outputs:  # the layout AOTAutograd rebuilds each view output with (see runtime)
-            layouts[key] = {
-                j: _replayed_layout(output_node.args[0][j], env, bindings)
-                or _layout(output_metas[j], bindings)
-                for j in view_outputs
+            self.stacks["placed"] = Placements.of_inputs(inputs)
+
+    def draw(self) -> jax.Array:
+        """The key of the graph's next random draw (``ctx.make_key``)."""
+        self.counter[0] += 1
+        return jax.random.fold_in(self.base_key, self.counter[0] - 1)
+
+    def run_node(self, n: fx.Node) -> Any:
+        group = self.walk.groups.get(n)
+        if group is not None:  # the last node of a run of repeated blocks: one lax.scan
+            for node in group.nodes:  # the run's nodes were skipped until now
+                self.env.pop(node, None)
+            group.run(self.env, self.lower, self.stacks)
+            return self.env.get(n)
+        if n in self.walk.inside:  # lowered by its run's scan, at the run's last node
+            return None
+        if n.op in ("get_attr", "call_function"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            return self.lower(n, args, kwargs)
+        return super().run_node(n)
+
+    def lower(self, node: fx.Node, args, kwargs) -> Any:
+        """The value of one ``get_attr`` or ``call_function`` node, given its arguments'."""
+        if node.op == "get_attr":
+            if node in self.walk.host_eval:  # a constant a scalar is read from: concrete
+                with jax.ensure_compile_time_eval():
+                    return _constant(self.fetch_attr(node.target))
+            return _constant(self.fetch_attr(node.target))
+        if node.target in PYTHON_OPS:
+            return PYTHON_OPS[node.target](*args, **kwargs)
+        if node.target is COPY_:  # an in-graph input mutation: its value is returned
+            dst, src = args[0], args[1]
+            return jnp.broadcast_to(src.astype(dst.dtype), dst.shape)
+        ctx = self.walk.contexts[node]
+        try:
+            if node in self.walk.host_eval:
+                with jax.ensure_compile_time_eval():
+                    value = LOWERINGS[node.target](ctx, args, kwargs)
+            else:
+                with provenance(node):
+                    value = LOWERINGS[node.target](ctx, args, kwargs)
+        except (UnsupportedOpError, UnsupportedDtypeError, ShapeMismatchError, LoweringOutputError):
+            raise
+        except Exception as e:
+            raise_failed_assert(e)  # a torch._assert_async on sizes: torch's RuntimeError
+            raise LoweringError(
+                f"lowering {describe_node(node)} failed: {type(e).__name__}: {e}\n"
+                f"  at {user_frame(node)}"
+            ) from e
+        if self.walk.check_meta:
+            _check_meta(node, value, self.bindings)
+        return value
+
+    def output(self, target, args, kwargs) -> tuple:
+        """``fn``'s results (:attr:`_GraphWalk.returned`), each a buffer of its own."""
+        walk, env = self.walk, self.env
+        if walk.view_outputs:  # the layout AOTAutograd rebuilds each view output with
+            output_node = next(n for n in reversed(walk.gm.graph.nodes) if n.op == "output")
+            walk.layouts[self.key] = {
+                j: _replayed_layout(output_node.args[0][j], env, self.bindings)
+                or _layout(walk.output_metas[j], self.bindings)
+                for j in walk.view_outputs
             }
         outs = []
-        seen = set(input_ids)
-        for out in [env[n] if isinstance(n, fx.Node) else n for n in computed + extra]:
+        seen = set(self.input_ids)
+        for out in [env[n] if isinstance(n, fx.Node) else n for n in walk.returned]:
             # A returned buffer must be fresh: jit forwards inputs returned as-is, and one
             # buffer returned twice would alias two torch tensors.
             if isinstance(out, jax.Array | jax.core.Tracer):
@@ -550,29 +589,6 @@ def lower_graph(
                 seen.add(id(out))
             outs.append(out)
         return tuple(outs)
-
-    ops = collections.Counter(str(n.target) for n in nodes if n.op == "call_function")
-    packing = None
-    if groups:
-        packing = plan_packing(groups, placeholders, mutations, len(computed) + len(extra))
-    return LoweredGraph(
-        fn,
-        tensor_inputs,
-        has_rng,
-        num_outputs,
-        scalar_outputs,
-        dynamic,
-        input_metas,
-        output_metas,
-        dict(ops),
-        output_plan,
-        mutations,
-        host_sizes,
-        view_outputs,
-        layouts,
-        packing,
-        frozenset(i for i, n in enumerate(placeholders) if n.target.startswith("tangents")),
-    )
 
 
 def _symbolic_layout(meta: torch.Tensor) -> bool:
@@ -752,9 +768,6 @@ def _constant(value):
 def _is_random(node: fx.Node) -> bool:
     """Whether a node draws random numbers (its lowering's ``random``: a flag, or for a
     higher-order op a predicate of the node, e.g. whether a subgraph it calls draws)."""
-    if node.target is RUN_AND_SAVE_RNG:  # random when the op it wraps draws (dropout > 0)
-        low = LOWERINGS.get(node.args[0])
-        return low is not None and (callable(low.random) or bool(low.random))
     low = LOWERINGS.get(node.target)
     if low is None:
         return False
@@ -763,29 +776,14 @@ def _is_random(node: fx.Node) -> bool:
 
 def _scannable(node: fx.Node) -> bool:
     """Whether a node may be lowered inside a ``lax.scan`` body (scan_layers.py): no random
-    draw (each layer's draw number differs), no in-place input update, no effect token or RNG
-    state wrapper, no Python-level (symbolic size) arithmetic except taking a tuple's item."""
+    draw (each layer's draw number differs), no in-place input update, no wrapper op (an
+    effect token or RNG state), no Python-level (symbolic size) arithmetic except taking a
+    tuple's item."""
     if node.target is operator.getitem:
         return True
-    if node.target in PYTHON_OPS or node.target is COPY_ or node.target in _WRAPPERS:
+    if node.target in PYTHON_OPS or node.target is COPY_:
+        return False
+    row = LOWERINGS.get(node.target)
+    if row is not None and row.wraps is not None:
         return False
     return not _is_random(node)
-
-
-_NO_RNG_STATE = np.zeros(12, np.uint8)
-
-
-def _rng_state(seed, start: int) -> jax.Array:
-    """The RNG state ``run_and_save_rng_state`` returns: the call's seed (uint32[2]) and the
-    number of the op's first draw, as uint8[12]."""
-    words = jnp.concatenate([jnp.asarray(seed, jnp.uint32), jnp.full((1,), start, jnp.uint32)])
-    return lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)
-
-
-def _replay(state) -> Callable[[], jax.Array]:
-    """``ctx.make_key`` replaying the draws a :func:`_rng_state` state starts: the i-th is
-    ``fold_in(base, start + i)``, as in the forward."""
-    words = lax.bitcast_convert_type(state.reshape(-1, 4), jnp.uint32)
-    base = jax.random.wrap_key_data(words[:2], impl="threefry2x32")
-    draws = iter(range(1 << 30))
-    return lambda: jax.random.fold_in(base, words[2] + next(draws))

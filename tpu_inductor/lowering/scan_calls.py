@@ -162,7 +162,7 @@ def _attr_key(gm: fx.GraphModule, target: str) -> tuple:
 
         try:
             return ("schema", str(pytree.tree_unflatten([], value).schema))
-        except Exception:  # noqa: BLE001 (not a schema spec: compared as itself)
+        except (ValueError, TypeError, AttributeError):  # a spec with leaves, or of no schema
             pass
     return ("value", id(value))
 

@@ -327,7 +327,7 @@ def _describe(block: list[fx.Node], prev: list[fx.Node] | None, gm_attrs) -> tup
     return struct, refs
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class ScanGroup:
     """A run of matching blocks, lowered as one ``lax.scan`` at the run's last node.
 
@@ -576,7 +576,16 @@ def _analyze(name, blocks, keep, gm_attrs, *, carry_required=True) -> ScanGroup 
                 v = carry_index[v]
             row.append((kind, v))
         leaves.append(row)
-    return ScanGroup(name, blocks, leaves, xs, carry_list, ys, needed, window)
+    return ScanGroup(
+        name=name,
+        blocks=blocks,
+        leaves=leaves,
+        xs=xs,
+        carry=carry_list,
+        ys=ys,
+        needed=needed,
+        nodes=window,
+    )
 
 
 def plan_scans(

@@ -22,7 +22,8 @@ from tpu_inductor.lowering.lowerings import (  # noqa: F401  (each module regist
     special,
     subgraphs,
     views,
+    wrappers,
 )
-from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext, register_lowering
+from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext, lowers
 
-__all__ = ["LOWERINGS", "LoweringContext", "register_lowering"]
+__all__ = ["LOWERINGS", "LoweringContext", "lowers"]

@@ -21,8 +21,8 @@ from tpu_inductor.lowering.lowerings import long_attention
 from tpu_inductor.lowering.lowerings.nn import layer_norm
 from tpu_inductor.lowering.lowerings.registry import (
     accumulate_in,
+    lowers,
     matmul_precision,
-    register_lowering,
     upcast,
 )
 
@@ -225,7 +225,7 @@ def _grouped_mask(mask, ndim: int, heads: int, kv_heads: int):
 # aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value,
 #   float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None)
 #   -> (Tensor output, Tensor logsumexp)
-@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def sdpa_flash_cpu(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None
 ):
@@ -268,7 +268,7 @@ def sdpa_flash_cpu(
 # aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor
 #   key, Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor?
 #   attn_mask=None, float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)
-@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 def sdpa_flash_cpu_backward(
     ctx,
     grad_out,
@@ -391,7 +391,7 @@ def attention_backward(
 
 
 # aten::_transformer_encoder_layer_fwd(...): nn.TransformerEncoderLayer's inference fast path.
-@register_lowering(aten._transformer_encoder_layer_fwd.default)
+@lowers(aten._transformer_encoder_layer_fwd.default)
 def transformer_encoder_layer_fwd(
     ctx,
     src,

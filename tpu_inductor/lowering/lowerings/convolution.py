@@ -14,7 +14,7 @@ import torch
 from jax import lax
 
 from tpu_inductor.core import config
-from tpu_inductor.lowering.lowerings.registry import accumulate_in, opmath_dtype, register_lowering
+from tpu_inductor.lowering.lowerings.registry import accumulate_in, lowers, opmath_dtype
 
 aten = torch.ops.aten
 
@@ -84,7 +84,7 @@ def conv(
 
 # aten::convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,
 #                   SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups)
-@register_lowering(aten.convolution.default)
+@lowers(aten.convolution.default)
 def convolution(
     ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
 ):
@@ -105,7 +105,7 @@ def convolution(
 # aten::convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes,
 #   SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed,
 #   SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-@register_lowering(aten.convolution_backward.default)
+@lowers(aten.convolution_backward.default)
 def convolution_backward(
     ctx,
     grad_output,
@@ -255,7 +255,7 @@ def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n, indices=Tr
 
 
 # aten::max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], ...)
-@register_lowering(aten.max_pool2d_with_indices.default)
+@lowers(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
 ):
@@ -264,7 +264,7 @@ def max_pool2d_with_indices(
 
 # aten::max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0,
 #   int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
-@register_lowering(aten.max_pool3d_with_indices.default)
+@lowers(aten.max_pool3d_with_indices.default)
 def max_pool3d_with_indices(
     ctx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
 ):
@@ -323,7 +323,7 @@ def _max_pool_backward_scatter(grad_output, self, indices, n):
 
 # aten::max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size,
 #   int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
-@register_lowering(aten.max_pool2d_with_indices_backward.default)
+@lowers(aten.max_pool2d_with_indices_backward.default)
 def max_pool2d_with_indices_backward(
     ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
@@ -332,7 +332,7 @@ def max_pool2d_with_indices_backward(
 
 # aten::max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3]
 #   stride, int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor
-@register_lowering(aten.max_pool3d_with_indices_backward.default)
+@lowers(aten.max_pool3d_with_indices_backward.default)
 def max_pool3d_with_indices_backward(
     ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
@@ -366,7 +366,7 @@ def avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divi
 #   bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 # (avg_pool3d: the same with int[3]; the *_backward ops take grad_output first, then these.)
 def _avg_pool_lowerings(n: int, forward, backward) -> None:
-    @register_lowering(forward)
+    @lowers(forward)
     def avg_pool_nd(
         ctx,
         self,
@@ -381,7 +381,7 @@ def _avg_pool_lowerings(n: int, forward, backward) -> None:
             self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n
         )
 
-    @register_lowering(backward)
+    @lowers(backward)
     def avg_pool_nd_backward(
         ctx,
         grad_output,
@@ -430,26 +430,26 @@ def adaptive_avg_pool(x, output_size, n):
 
 
 # aten::_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
-@register_lowering(aten._adaptive_avg_pool2d.default)
+@lowers(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(ctx, self, output_size):
     return adaptive_avg_pool(self, output_size, 2)
 
 
 # aten::_adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
-@register_lowering(aten._adaptive_avg_pool3d.default)
+@lowers(aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(ctx, self, output_size):
     return adaptive_avg_pool(self, output_size, 3)
 
 
 # aten::_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
-@register_lowering(aten._adaptive_avg_pool2d_backward.default)
+@lowers(aten._adaptive_avg_pool2d_backward.default)
 def adaptive_avg_pool2d_backward(ctx, grad_output, self):
     f = lambda x: adaptive_avg_pool(x, grad_output.shape[-2:], 2)
     return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
 
 
 # aten::_adaptive_avg_pool3d_backward(Tensor grad_output, Tensor self) -> Tensor
-@register_lowering(aten._adaptive_avg_pool3d_backward.default)
+@lowers(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(ctx, grad_output, self):
     f = lambda x: adaptive_avg_pool(x, grad_output.shape[-3:], 3)
     return jax.vjp(f, self)[1](grad_output.astype(self.dtype))[0]
@@ -540,25 +540,25 @@ def adaptive_max_pool(x, output_size, n):
 
 
 # aten::adaptive_max_pool2d(Tensor self, int[2] output_size) -> (Tensor, Tensor)
-@register_lowering(aten.adaptive_max_pool2d.default)
+@lowers(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(ctx, self, output_size):
     return adaptive_max_pool(self, output_size, 2)
 
 
 # aten::adaptive_max_pool3d(Tensor self, int[3] output_size) -> (Tensor, Tensor)
-@register_lowering(aten.adaptive_max_pool3d.default)
+@lowers(aten.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(ctx, self, output_size):
     return adaptive_max_pool(self, output_size, 3)
 
 
 # aten::adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
-@register_lowering(aten.adaptive_max_pool2d_backward.default)
+@lowers(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(ctx, grad_output, self, indices):
     return _max_pool_backward_scatter(grad_output, self, indices, 2)
 
 
 # aten::adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor
-@register_lowering(aten.adaptive_max_pool3d_backward.default)
+@lowers(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(ctx, grad_output, self, indices):
     return _max_pool_backward_scatter(grad_output, self, indices, 3)
 
@@ -602,27 +602,27 @@ def fractional_max_pool(x, kernel_size, output_size, random_samples, n):
 
 # aten::fractional_max_pool2d(Tensor self, int[2] kernel_size, int[2] output_size,
 #                             Tensor random_samples) -> (Tensor, Tensor)
-@register_lowering(aten.fractional_max_pool2d.default)
+@lowers(aten.fractional_max_pool2d.default)
 def fractional_max_pool2d(ctx, self, kernel_size, output_size, random_samples):
     return fractional_max_pool(self, kernel_size, output_size, random_samples, 2)
 
 
 # aten::fractional_max_pool3d(Tensor self, int[3] kernel_size, int[3] output_size, Tensor
 #   random_samples) -> (Tensor, Tensor)
-@register_lowering(aten.fractional_max_pool3d.default)
+@lowers(aten.fractional_max_pool3d.default)
 def fractional_max_pool3d(ctx, self, kernel_size, output_size, random_samples):
     return fractional_max_pool(self, kernel_size, output_size, random_samples, 3)
 
 
 # aten::fractional_max_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size,
 #                                      int[2] output_size, Tensor indices) -> Tensor
-@register_lowering(aten.fractional_max_pool2d_backward.default)
+@lowers(aten.fractional_max_pool2d_backward.default)
 def fractional_max_pool2d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
     return _max_pool_backward_scatter(grad_output, self, indices, 2)
 
 
 # aten::fractional_max_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3]
 #   output_size, Tensor indices) -> Tensor
-@register_lowering(aten.fractional_max_pool3d_backward.default)
+@lowers(aten.fractional_max_pool3d_backward.default)
 def fractional_max_pool3d_backward(ctx, grad_output, self, kernel_size, output_size, indices):
     return _max_pool_backward_scatter(grad_output, self, indices, 3)

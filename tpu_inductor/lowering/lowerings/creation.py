@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from tpu_inductor.lowering.lowerings.registry import register_lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 
 aten = torch.ops.aten
 
@@ -20,14 +20,14 @@ def _out(ctx):
 
 
 # aten::full(SymInt[] size, Scalar fill_value, ...); full_like(Tensor self, Scalar fill_value, ...)
-@register_lowering(aten.full.default, aten.full_like.default)
+@lowers(aten.full.default, aten.full_like.default)
 def full(ctx, size_or_self, fill_value, **kwargs):
     shape, dtype = _out(ctx)
     return jnp.full(shape, fill_value, dtype=dtype)
 
 
 # aten::new_full(Tensor self, SymInt[] size, Scalar fill_value, ...)
-@register_lowering(aten.new_full.default)
+@lowers(aten.new_full.default)
 def new_full(ctx, self, size, fill_value, **kwargs):
     shape, dtype = _out(ctx)
     return jnp.full(shape, fill_value, dtype=dtype)
@@ -35,7 +35,7 @@ def new_full(ctx, self, size, fill_value, **kwargs):
 
 # aten::zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
 #   bool? pin_memory=None) -> Tensor
-@register_lowering(
+@lowers(
     aten.zeros.default,
     aten.zeros_like.default,
     aten.new_zeros.default,
@@ -53,20 +53,20 @@ def zeros(ctx, *args, **kwargs):
 
 # aten::ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
 #   bool? pin_memory=None) -> Tensor
-@register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+@lowers(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def ones(ctx, *args, **kwargs):
     shape, dtype = _out(ctx)
     return jnp.ones(shape, dtype=dtype)
 
 
 # aten::scalar_tensor(Scalar s, *, ScalarType? dtype=None, ...) -> Tensor
-@register_lowering(aten.scalar_tensor.default)
+@lowers(aten.scalar_tensor.default)
 def scalar_tensor(ctx, s, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s).astype(ctx.out_dtype())
 
 
 # aten::arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, ...)
-@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
+@lowers(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def arange(ctx, start, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     if end is None:
         start, end = 0, start
@@ -79,7 +79,7 @@ def arange(ctx, start, end=None, step=1, dtype=None, layout=None, device=None, p
 
 # aten::linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Layout?
 #   layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
-@register_lowering(aten.linspace.default)
+@lowers(aten.linspace.default)
 def linspace(ctx, start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     (n,), out_dtype = _out(ctx)
     if n == 1:
@@ -95,7 +95,7 @@ def linspace(ctx, start, end, steps, dtype=None, layout=None, device=None, pin_m
 
 # aten::eye(SymInt n, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool?
 #   pin_memory=None) -> Tensor
-@register_lowering(aten.eye.default, aten.eye.m)
+@lowers(aten.eye.default, aten.eye.m)
 def eye(ctx, n, m=None, **kwargs):
     shape, dtype = _out(ctx)
     return jnp.eye(*shape, dtype=dtype)

@@ -22,7 +22,7 @@ import torch
 from jax import lax
 from jax.scipy.linalg import expm
 
-from tpu_inductor.lowering.lowerings.registry import HALF, register_lowering
+from tpu_inductor.lowering.lowerings.registry import HALF, lowers
 
 aten = torch.ops.aten
 tsolve = lax.linalg.triangular_solve
@@ -116,13 +116,13 @@ def _cholesky_ex(a, upper):
 
 
 # aten::linalg_cholesky_ex(Tensor self, *, bool upper=False, bool check_errors=False) -> (L, info)
-@register_lowering(aten.linalg_cholesky_ex.default)
+@lowers(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(ctx, self, upper=False, check_errors=False):
     return _cholesky_ex(self, upper)
 
 
 # aten::cholesky(Tensor self, bool upper=False) -> Tensor
-@register_lowering(aten.cholesky.default)
+@lowers(aten.cholesky.default)
 def cholesky(ctx, self, upper=False):
     # NOTE: torch raises for a matrix that is not positive definite; a compiled graph cannot
     # raise on data, so the result is LAPACK's partial factorization instead.
@@ -140,7 +140,7 @@ def _cho_solve(fac, b, upper):
 
 
 # aten::cholesky_solve(Tensor self, Tensor input2, bool upper=False) -> Tensor
-@register_lowering(aten.cholesky_solve.default)
+@lowers(aten.cholesky_solve.default)
 def cholesky_solve(ctx, self, input2, upper=False):
     if self.size == 0 or input2.size == 0:
         return _empty(ctx, None)
@@ -148,7 +148,7 @@ def cholesky_solve(ctx, self, input2, upper=False):
 
 
 # aten::cholesky_inverse(Tensor self, bool upper=False) -> Tensor
-@register_lowering(aten.cholesky_inverse.default)
+@lowers(aten.cholesky_inverse.default)
 def cholesky_inverse(ctx, self, upper=False):
     if self.size == 0:
         return _empty(ctx, None)
@@ -212,7 +212,7 @@ def _lu_solve_sided(lu, perm, b, left, adjoint):
 
 
 # aten::linalg_lu_factor_ex(Tensor A, *, bool pivot, bool check_errors) -> (LU, pivots, info)
-@register_lowering(aten.linalg_lu_factor_ex.default)
+@lowers(aten.linalg_lu_factor_ex.default)
 def linalg_lu_factor_ex(ctx, A, pivot=True, check_errors=False):
     # NOTE: pivot=False is refused before tracing (unsupported.REFUSED).
     lu, piv, _ = _lu(A)
@@ -220,7 +220,7 @@ def linalg_lu_factor_ex(ctx, A, pivot=True, check_errors=False):
 
 
 # aten::linalg_lu(Tensor A, *, bool pivot=True) -> (Tensor P, Tensor L, Tensor U)
-@register_lowering(aten.linalg_lu.default)
+@lowers(aten.linalg_lu.default)
 def linalg_lu(ctx, A, pivot=True):
     # NOTE: pivot=False is refused before tracing (unsupported.REFUSED).
     lu, _, perm = _lu(A)
@@ -236,7 +236,7 @@ def _unpack(lu, perm, dtype):
 
 
 # aten::lu_unpack(Tensor LU_data, Tensor LU_pivots, bool unpack_data, bool unpack_pivots)
-@register_lowering(aten.lu_unpack.default)
+@lowers(aten.lu_unpack.default)
 def lu_unpack(ctx, LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
     m = LU_data.shape[-2]
     perm = _permutation(LU_pivots, m)
@@ -249,7 +249,7 @@ def lu_unpack(ctx, LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
 
 
 # aten::linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left, bool adjoint) -> Tensor
-@register_lowering(aten.linalg_lu_solve.default)
+@lowers(aten.linalg_lu_solve.default)
 def linalg_lu_solve(ctx, LU, pivots, B, left=True, adjoint=False):
     if B.size == 0 or LU.size == 0:
         return _empty(ctx, None)
@@ -271,14 +271,14 @@ def _solve_ex(A, B, left):
 
 
 # aten::_linalg_solve_ex(Tensor A, Tensor B, *, bool left, bool check_errors) -> (X, LU, piv, info)
-@register_lowering(aten._linalg_solve_ex.default)
+@lowers(aten._linalg_solve_ex.default)
 def linalg_solve_ex(ctx, A, B, left=True, check_errors=False):
     x, lu, piv, info = _solve_ex(A, B, left)
     return jnp.broadcast_to(x, ctx.out_shape(0)).astype(ctx.out_dtype(0)), lu, piv, info
 
 
 # aten::linalg_inv_ex(Tensor A, *, bool check_errors=False) -> (Tensor inverse, Tensor info)
-@register_lowering(aten.linalg_inv_ex.default)
+@lowers(aten.linalg_inv_ex.default)
 def linalg_inv_ex(ctx, A, check_errors=False):
     # torch computes the inverse as solve(A, I).
     x, _, _, info = _solve_ex(A, _eye_like(A), left=True)
@@ -295,14 +295,14 @@ def _det_lu(A):
 
 
 # aten::_linalg_det(Tensor A) -> (Tensor result, Tensor LU, Tensor pivots)
-@register_lowering(aten._linalg_det.default)
+@lowers(aten._linalg_det.default)
 def linalg_det(ctx, A):
     lu, piv, perm_sign, diag = _det_lu(A)
     return perm_sign * jnp.prod(diag, axis=-1), lu, piv + 1
 
 
 # aten::_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet, Tensor LU, Tensor pivots)
-@register_lowering(aten._linalg_slogdet.default)
+@lowers(aten._linalg_slogdet.default)
 def linalg_slogdet(ctx, A):
     lu, piv, perm_sign, diag = _det_lu(A)
     absdiag = jnp.abs(diag)
@@ -316,7 +316,7 @@ def linalg_slogdet(ctx, A):
 
 
 # aten::linalg_solve_triangular(Tensor self, Tensor B, *, bool upper, bool left, bool unitriangular)
-@register_lowering(aten.linalg_solve_triangular.default)
+@lowers(aten.linalg_solve_triangular.default)
 def linalg_solve_triangular(ctx, self, B, upper, left=True, unitriangular=False):
     if self.size == 0 or B.size == 0:
         return _empty(ctx, None)
@@ -327,7 +327,7 @@ def linalg_solve_triangular(ctx, self, B, upper, left=True, unitriangular=False)
 
 
 # aten::triangular_solve(Tensor self, Tensor A, bool upper, bool transpose, bool unitriangular)
-@register_lowering(aten.triangular_solve.default)
+@lowers(aten.triangular_solve.default)
 def triangular_solve(ctx, self, A, upper=True, transpose=False, unitriangular=False):
     b, a = _batch_broadcast(self, A)
     if a.size == 0 or b.size == 0:
@@ -342,7 +342,7 @@ def triangular_solve(ctx, self, A, upper=True, transpose=False, unitriangular=Fa
 
 
 # aten::linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)
-@register_lowering(aten.linalg_qr.default)
+@lowers(aten.linalg_qr.default)
 def linalg_qr(ctx, A, mode="reduced"):
     if A.size == 0:
         m, n = A.shape[-2:]
@@ -359,7 +359,7 @@ def _geqrf(a):
 
 
 # aten::geqrf(Tensor self) -> (Tensor a, Tensor tau)
-@register_lowering(aten.geqrf.default)
+@lowers(aten.geqrf.default)
 def geqrf(ctx, self):
     if self.size == 0:
         return self, _empty(ctx, 1)
@@ -367,7 +367,7 @@ def geqrf(ctx, self):
 
 
 # aten::linalg_householder_product(Tensor input, Tensor tau) -> Tensor
-@register_lowering(aten.linalg_householder_product.default)
+@lowers(aten.linalg_householder_product.default)
 def linalg_householder_product(ctx, input, tau):
     if input.size == 0:
         return _empty(ctx, None)
@@ -377,7 +377,7 @@ def linalg_householder_product(ctx, input, tau):
 
 
 # aten::ormqr(Tensor self, Tensor input2, Tensor input3, bool left=True, bool transpose=False)
-@register_lowering(aten.ormqr.default)
+@lowers(aten.ormqr.default)
 def ormqr(ctx, self, input2, input3, left=True, transpose=False):
     if input3.size == 0:
         return _empty(ctx, None)
@@ -393,7 +393,7 @@ def ormqr(ctx, self, input2, input3, left=True, transpose=False):
 
 
 # aten::_linalg_eigh(Tensor A, str UPLO="L", bool compute_v=True) -> (eigenvalues, eigenvectors)
-@register_lowering(aten._linalg_eigh.default)
+@lowers(aten._linalg_eigh.default)
 def linalg_eigh(ctx, A, UPLO="L", compute_v=True):
     if A.shape[-1] == 0:
         return _empty(ctx, 0), _empty(ctx, 1)
@@ -403,7 +403,7 @@ def linalg_eigh(ctx, A, UPLO="L", compute_v=True):
 
 
 # aten::linalg_eig(Tensor self) -> (Tensor eigenvalues, Tensor eigenvectors)
-@register_lowering(aten.linalg_eig.default)
+@lowers(aten.linalg_eig.default)
 def linalg_eig(ctx, self):
     if self.shape[-1] == 0:
         return _empty(ctx, 0), _empty(ctx, 1)
@@ -413,7 +413,7 @@ def linalg_eig(ctx, self):
 
 
 # aten::_linalg_svd(Tensor A, bool full_matrices, bool compute_uv, *, str? driver) -> (U, S, Vh)
-@register_lowering(aten._linalg_svd.default)
+@lowers(aten._linalg_svd.default)
 def linalg_svd(ctx, A, full_matrices=False, compute_uv=True, driver=None):
     # NOTE: `driver` (a CUDA-only choice) is ignored.
     if A.size == 0:
@@ -432,7 +432,7 @@ def linalg_svd(ctx, A, full_matrices=False, compute_uv=True, driver=None):
 
 
 # aten::linalg_pinv.atol_rtol_tensor(Tensor self, *, Tensor? atol, Tensor? rtol, bool hermitian)
-@register_lowering(aten.linalg_pinv.atol_rtol_tensor)
+@lowers(aten.linalg_pinv.atol_rtol_tensor)
 def linalg_pinv(ctx, self, atol=None, rtol=None, hermitian=False):
     m, n = self.shape[-2:]
     if self.size == 0:
@@ -463,7 +463,7 @@ def linalg_pinv(ctx, self, atol=None, rtol=None, hermitian=False):
 
 
 # aten::linalg_matrix_exp(Tensor self) -> Tensor
-@register_lowering(aten.linalg_matrix_exp.default)
+@lowers(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(ctx, self):
     if self.size == 0:
         return self
@@ -602,7 +602,7 @@ def _over_batch(fn, *xs, core):
 
 
 # aten::linalg_ldl_factor_ex(Tensor self, *, bool hermitian, bool check_errors) -> (LD, piv, info)
-@register_lowering(aten.linalg_ldl_factor_ex.default)
+@lowers(aten.linalg_ldl_factor_ex.default)
 def linalg_ldl_factor_ex(ctx, self, hermitian=False, check_errors=False):
     # NOTE: complex matrices are refused before tracing (unsupported.REFUSED).
     if self.shape[-1] == 0:
@@ -613,7 +613,7 @@ def linalg_ldl_factor_ex(ctx, self, hermitian=False, check_errors=False):
 
 
 # aten::linalg_ldl_solve(Tensor LD, Tensor pivots, Tensor B, *, bool hermitian=False) -> Tensor
-@register_lowering(aten.linalg_ldl_solve.default)
+@lowers(aten.linalg_ldl_solve.default)
 def linalg_ldl_solve(ctx, LD, pivots, B, hermitian=False):
     # NOTE: complex matrices are refused before tracing (unsupported.REFUSED).
     if LD.shape[-1] == 0 or B.size == 0:
@@ -624,7 +624,7 @@ def linalg_ldl_solve(ctx, LD, pivots, B, hermitian=False):
 
 
 # aten::_linalg_check_errors(Tensor info, str api_name, *, bool is_matrix) -> ()
-@register_lowering(aten._linalg_check_errors.default)
+@lowers(aten._linalg_check_errors.default)
 def linalg_check_errors(ctx, info, api_name, is_matrix):
     # NOTE: an XLA program can't raise, so a singular or non-positive-definite input gives
     # NaN/inf results (and info != 0 from the *_ex variants) instead of torch's LinAlgError.

@@ -16,7 +16,7 @@ import math
 import jax.numpy as jnp
 import torch
 
-from tpu_inductor.lowering.lowerings.registry import register_lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 
 aten = torch.ops.aten
 
@@ -50,7 +50,7 @@ def _complex_dtype(dtype):
 
 
 # aten::_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
-@register_lowering(aten._fft_r2c.default)
+@lowers(aten._fft_r2c.default)
 def fft_r2c(ctx, self, dim, normalization, onesided):
     axes = _axes(dim, self.ndim)
     n = math.prod(self.shape[a] for a in axes)
@@ -64,7 +64,7 @@ def fft_r2c(ctx, self, dim, normalization, onesided):
 
 
 # aten::_fft_c2c(Tensor self, SymInt[] dim, int normalization, bool forward) -> Tensor
-@register_lowering(aten._fft_c2c.default)
+@lowers(aten._fft_c2c.default)
 def fft_c2c(ctx, self, dim, normalization, forward):
     axes = _axes(dim, self.ndim)
     n = math.prod(self.shape[a] for a in axes)
@@ -72,7 +72,7 @@ def fft_c2c(ctx, self, dim, normalization, forward):
 
 
 # aten::_fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
-@register_lowering(aten._fft_c2r.default)
+@lowers(aten._fft_c2r.default)
 def fft_c2r(ctx, self, dim, normalization, last_dim_size):
     axes = _axes(dim, self.ndim)
     last_dim_size = int(last_dim_size)
@@ -85,7 +85,7 @@ def fft_c2r(ctx, self, dim, normalization, last_dim_size):
 
 
 # aten::_conj(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten._conj.default, aten._conj_physical.default, aten.conj_physical.default)
+@lowers(aten._conj.default, aten._conj_physical.default, aten.conj_physical.default)
 def conj(ctx, self):
     # NOTE: a functional graph has no conjugate bit: the conjugate is always materialized.
     return jnp.conj(self) if jnp.iscomplexobj(self) else self

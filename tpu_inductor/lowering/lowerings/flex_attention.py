@@ -44,23 +44,11 @@ from torch._higher_order_ops.flex_attention import flex_attention, flex_attentio
 from tpu_inductor.core.dtypes import to_jax_dtype
 from tpu_inductor.core.errors import UnsupportedOpError
 from tpu_inductor.lowering.lowerings import splash_attention as splash
-from tpu_inductor.lowering.lowerings.registry import LOWERINGS, Lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 
 log = logging.getLogger("tpu_inductor")
 
 _LN2 = math.log(2.0)
-
-
-def _register_hop(hop) -> Callable:
-    """Register a higher-order op's lowering (``register_lowering`` takes ATen ops only)."""
-
-    def decorate(fn):
-        if hop in LOWERINGS:
-            raise ValueError(f"{hop} is registered twice")
-        LOWERINGS[hop] = Lowering(hop, fn, None, None, False)
-        return fn
-
-    return decorate
 
 
 def _precision_name(precision) -> str:
@@ -441,7 +429,7 @@ def _splash_plan(ctx, q, k, v, score_mod, block_mask, score_bufs, mask_bufs, *, 
 # flex_attention(Tensor query, Tensor key, Tensor value, Callable score_mod, tuple block_mask,
 #     float scale, dict kernel_options, tuple score_mod_other_buffers=(),
 #     tuple mask_mod_other_buffers=()) -> (Tensor out, Tensor logsumexp, Tensor max_scores)
-@_register_hop(flex_attention)
+@lowers(flex_attention)
 def _flex_attention(
     ctx,
     query,
@@ -509,7 +497,7 @@ def _is_float(x) -> bool:
 #     Tensor? grad_out, Tensor? grad_logsumexp, Callable fw_graph, GraphModule joint_graph,
 #     tuple block_mask, float scale, dict kernel_options, tuple score_mod_other_buffers=(),
 #     tuple mask_mod_other_buffers=()) -> (Tensor dq, Tensor dk, Tensor dv, tuple buffer_grads)
-@_register_hop(flex_attention_backward)
+@lowers(flex_attention_backward)
 def _flex_backward(
     ctx,
     query,

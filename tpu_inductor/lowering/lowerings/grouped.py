@@ -17,8 +17,8 @@ from jax import lax
 
 from tpu_inductor.lowering.lowerings.registry import (
     accumulate_in,
+    lowers,
     matmul_precision,
-    register_lowering,
 )
 
 aten = torch.ops.aten
@@ -78,7 +78,7 @@ def ragged_mm(a, b, offs, precision, out):
 
 # aten::_grouped_mm(Tensor self, Tensor mat2, Tensor? offs=None, Tensor? bias=None,
 #     ScalarType? out_dtype=None) -> Tensor
-@register_lowering(aten._grouped_mm.default)
+@lowers(aten._grouped_mm.default)
 def grouped_mm(ctx, self, mat2, offs=None, bias=None, out_dtype=None):
     # NOTE: a bias is refused before tracing (unsupported.REFUSED); torch rejects it too.
     # NOTE: rows (2d x 3d) or columns (3d x 2d) past offs[-1] are zeros; torch leaves them
@@ -89,14 +89,14 @@ def grouped_mm(ctx, self, mat2, offs=None, bias=None, out_dtype=None):
 # transformers::grouped_mm_fallback(Tensor input, Tensor weight, Tensor offs) -> Tensor
 # (transformers/integrations/moe.py: a Python loop of torch.mm over the groups, rows past
 # offs[-1] zero; input (S, K) sorted by expert, weight (E, K, N), offs int32 or int64.)
-@register_lowering("transformers::grouped_mm_fallback.default")
+@lowers("transformers::grouped_mm_fallback.default")
 def grouped_mm_fallback(ctx, input, weight, offs):
     return ragged_mm(input, weight, offs, ctx.precision, ctx.out_dtype())
 
 
 # transformers::grouped_mm_fallback_backward(Tensor input, Tensor weight, Tensor offs,
 #     Tensor grad_output) -> (Tensor, Tensor)
-@register_lowering("transformers::grouped_mm_fallback_backward.default")
+@lowers("transformers::grouped_mm_fallback_backward.default")
 def grouped_mm_fallback_backward(ctx, input, weight, offs, grad_output):
     grad_input = ragged_mm(
         grad_output, jnp.swapaxes(weight, 1, 2), offs, ctx.precision, ctx.out_dtype(0)

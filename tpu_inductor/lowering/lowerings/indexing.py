@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_inductor.lowering.lowerings.registry import register_lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 
 aten = torch.ops.aten
 
@@ -38,15 +38,13 @@ def _index_tuple(self, indices):
 
 
 # aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
-@register_lowering(aten.index.Tensor, aten.index.Tensor_hacked_twin)
+@lowers(aten.index.Tensor, aten.index.Tensor_hacked_twin)
 def index(ctx, self, indices):
     return self[_index_tuple(self, indices)]
 
 
 # aten::index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
-@register_lowering(
-    aten.index_put.default, aten.index_put.hacked_twin, aten._unsafe_index_put.default
-)
+@lowers(aten.index_put.default, aten.index_put.hacked_twin, aten._unsafe_index_put.default)
 def index_put(ctx, self, indices, values, accumulate=False):
     if any(i is not None and i.dtype in (jnp.bool_, jnp.uint8) for i in indices):
         return _mask_put(self, list(indices), values, accumulate)
@@ -86,13 +84,13 @@ def _mask_put(self, indices, values, accumulate):
 
 
 # aten::_unsafe_index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
-@register_lowering(aten._unsafe_index.Tensor)
+@lowers(aten._unsafe_index.Tensor)
 def unsafe_index(ctx, self, indices):
     return self[_index_tuple(self, indices)]
 
 
 # aten::gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
-@register_lowering(aten.gather.default)
+@lowers(aten.gather.default)
 def gather(ctx, self, dim, index, sparse_grad=False):
     if index.size == 0:
         return jnp.zeros(ctx.out_shape(), self.dtype)
@@ -113,7 +111,7 @@ def _leading(shape, dim) -> tuple:
 
 
 # aten::take(Tensor self, Tensor index) -> Tensor
-@register_lowering(aten.take.default)
+@lowers(aten.take.default)
 def take(ctx, self, index):
     # Lowered rather than decomposed: torch's decomposition, ``self.reshape(-1)[index]``, turns
     # a 0-d index into a Python integer (a data-dependent .item()).
@@ -141,7 +139,7 @@ def _src(src, index, dtype):
 
 
 # aten::scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
-@register_lowering(aten.scatter.src, aten.scatter.value)
+@lowers(aten.scatter.src, aten.scatter.value)
 def scatter(ctx, self, dim, index, src):
     if self.ndim == 0:
         return jnp.asarray(src, self.dtype).reshape(()) if index.size else self
@@ -149,7 +147,7 @@ def scatter(ctx, self, dim, index, src):
 
 
 # aten::scatter.reduce(Tensor self, int dim, Tensor index, Tensor src, *, str reduce) -> Tensor
-@register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+@lowers(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_legacy(ctx, self, dim, index, src, reduce):
     if self.ndim == 0:
         out = scatter_reduce_legacy(ctx, self.reshape(1), 0, index.reshape(-1), _flat1(src), reduce)
@@ -160,7 +158,7 @@ def scatter_reduce_legacy(ctx, self, dim, index, src, reduce):
 
 
 # aten::scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
-@register_lowering(aten.scatter_add.default)
+@lowers(aten.scatter_add.default)
 def scatter_add(ctx, self, dim, index, src):
     if self.ndim == 0:
         if not index.size:
@@ -173,7 +171,7 @@ def scatter_add(ctx, self, dim, index, src):
 
 # aten::scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *,
 #                          bool include_self=True) -> Tensor
-@register_lowering(aten.scatter_reduce.two)
+@lowers(aten.scatter_reduce.two)
 def scatter_reduce(ctx, self, dim, index, src, reduce, include_self=True):
     idx = _scatter_index(self, dim, index) if self.ndim else ()
     src = _src(src, index, self.dtype)
@@ -213,7 +211,7 @@ def scatter_reduce(ctx, self, dim, index, src, reduce, include_self=True):
 
 
 # aten::index_select(Tensor self, int dim, Tensor index) -> Tensor
-@register_lowering(aten.index_select.default)
+@lowers(aten.index_select.default)
 def index_select(ctx, self, dim, index):
     if self.ndim == 0:
         return jnp.reshape(self, ctx.out_shape())
@@ -239,7 +237,7 @@ def _along(self, dim, index, source, update):
 
 
 # aten::index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor
-@register_lowering(aten.index_add.default)
+@lowers(aten.index_add.default)
 def index_add(ctx, self, dim, index, source, alpha=1):
     if alpha != 1:
         source = (source * alpha).astype(self.dtype)
@@ -253,13 +251,13 @@ def index_add(ctx, self, dim, index, source, alpha=1):
 
 
 # aten::index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor
-@register_lowering(aten.index_copy.default)
+@lowers(aten.index_copy.default)
 def index_copy(ctx, self, dim, index, source):
     return _along(self, dim, index, source, lambda s, i, src: s.at[i].set(src))
 
 
 # aten::index_fill.int_Scalar(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
-@register_lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(ctx, self, dim, index, value):
     value = jnp.asarray(value, self.dtype)
     return _along(self, dim, index, None, lambda s, i, _: s.at[i].set(value))
@@ -267,7 +265,7 @@ def index_fill(ctx, self, dim, index, value):
 
 # aten::index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *,
 #                    bool include_self=True) -> Tensor
-@register_lowering(aten.index_reduce.default)
+@lowers(aten.index_reduce.default)
 def index_reduce(ctx, self, dim, index, source, reduce, include_self=True):
     floating = jnp.issubdtype(self.dtype, jnp.floating)
 
@@ -301,7 +299,7 @@ def index_reduce(ctx, self, dim, index, source, reduce, include_self=True):
 
 
 # aten::masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
-@register_lowering(aten.masked_scatter.default)
+@lowers(aten.masked_scatter.default)
 def masked_scatter(ctx, self, mask, source):
     # The k-th True position (row-major) takes source's k-th element.
     # NOTE: a source with fewer elements than mask has Trues, which torch rejects, repeats its
@@ -317,7 +315,7 @@ def masked_scatter(ctx, self, mask, source):
 
 
 # aten::put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor
-@register_lowering(aten.put.default)
+@lowers(aten.put.default)
 def put(ctx, self, index, source, accumulate=False):
     flat = self.reshape(-1)
     idx = _wrap(index.reshape(-1), flat.shape[0])
@@ -330,7 +328,7 @@ def put(ctx, self, index, source, accumulate=False):
 
 
 # aten::nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor
-@register_lowering(aten.nonzero_static.default)
+@lowers(aten.nonzero_static.default)
 def nonzero_static(ctx, self, *, size, fill_value=-1):
     if self.ndim == 0 or self.size == 0:
         return jnp.full((size, self.ndim), fill_value, jnp.int64)
@@ -339,6 +337,6 @@ def nonzero_static(ctx, self, *, size, fill_value=-1):
 
 
 # aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor
-@register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(ctx, self, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)

@@ -14,7 +14,7 @@ import torch
 from jax import lax
 
 from tpu_inductor.core import config
-from tpu_inductor.lowering.lowerings.registry import HALF, P, accumulate_in, register_lowering
+from tpu_inductor.lowering.lowerings.registry import HALF, P, accumulate_in, lowers
 
 aten = torch.ops.aten
 
@@ -82,15 +82,13 @@ def mm_leading(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # aten::mm(Tensor self, Tensor mat2) -> Tensor
-@register_lowering(
-    aten.mm.default, aten.bmm.default, aten.matmul.default, matmul_leading, promote=P.NO_OPMATH
-)
+@lowers(aten.mm.default, aten.bmm.default, aten.matmul.default, matmul_leading, promote=P.NO_OPMATH)
 def mm(ctx, self, mat2):
     return _mm(ctx, self, mat2)
 
 
 # aten::dot(Tensor self, Tensor tensor) -> Tensor
-@register_lowering(aten.dot.default, aten.vdot.default, aten.mv.default, promote=P.NO_OPMATH)
+@lowers(aten.dot.default, aten.vdot.default, aten.mv.default, promote=P.NO_OPMATH)
 def dot(ctx, self, other):
     if ctx.node.target is aten.vdot.default:
         self = jnp.conj(self)
@@ -105,7 +103,7 @@ def _scalars(dtype, *scalars):
 
 
 # aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
-@register_lowering(
+@lowers(
     aten.addmm.default,
     aten.baddbmm.default,
     aten.addmv.default,
@@ -133,7 +131,7 @@ def addmm(ctx, self, mat1, mat2, beta=1, alpha=1):
 
 
 # aten::mm over every leading position of both operands (leading_dims.py's weight gradients)
-@register_lowering(mm_leading, promote=P.NO_OPMATH)
+@lowers(mm_leading, promote=P.NO_OPMATH)
 def _mm_leading(ctx, a, b):
     out, pref = _dtypes(ctx)
     lead = tuple(range(a.ndim - 1))
@@ -144,25 +142,25 @@ def _mm_leading(ctx, a, b):
 
 
 # aten::outer(Tensor self, Tensor vec2) -> Tensor
-@register_lowering(aten.outer.default, promote=P.NO_OPMATH)
+@lowers(aten.outer.default, promote=P.NO_OPMATH)
 def outer(ctx, self, vec2):
     return jnp.outer(self, vec2)
 
 
 # aten::tril(Tensor self, SymInt diagonal=0) -> Tensor
-@register_lowering(aten.tril.default)
+@lowers(aten.tril.default)
 def tril(ctx, self, diagonal=0):
     return jnp.tril(self, diagonal)
 
 
 # aten::triu(Tensor self, SymInt diagonal=0) -> Tensor
-@register_lowering(aten.triu.default)
+@lowers(aten.triu.default)
 def triu(ctx, self, diagonal=0):
     return jnp.triu(self, diagonal)
 
 
 # aten::addbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1)
-@register_lowering(aten.addbmm.default, promote=P.NO_OPMATH, promote_args=(0, 1, 2))
+@lowers(aten.addbmm.default, promote=P.NO_OPMATH, promote_args=(0, 1, 2))
 def addbmm(ctx, self, batch1, batch2, beta=1, alpha=1):
     out = ctx.out_dtype()
     alpha, beta = _scalars(out, alpha, beta)
@@ -205,7 +203,7 @@ def _pnorm(diff, p):
 
 
 # aten::_cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
-@register_lowering(aten._cdist_forward.default)
+@lowers(aten._cdist_forward.default)
 def cdist(ctx, x1, x2, p, compute_mode=None):
     batch = ctx.out_shape()[:-2]
     x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
@@ -226,7 +224,7 @@ def cdist(ctx, x1, x2, p, compute_mode=None):
 
 
 # aten::_pdist_forward(Tensor self, float p=2.) -> Tensor
-@register_lowering(aten._pdist_forward.default)
+@lowers(aten._pdist_forward.default)
 def pdist(ctx, self, p=2.0):
     n = self.shape[0]
     if n < 2:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_inductor.lowering.lowerings.registry import accumulate_in, register_lowering, upcast
+from tpu_inductor.lowering.lowerings.registry import accumulate_in, lowers, upcast
 
 aten = torch.ops.aten
 
@@ -23,7 +23,7 @@ aten = torch.ops.aten
 
 
 # aten::_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
-@register_lowering(aten._softmax.default)
+@lowers(aten._softmax.default)
 def softmax(ctx, self, dim, half_to_float=False):
     if self.ndim == 0:
         return jnp.ones((), ctx.out_dtype())
@@ -31,7 +31,7 @@ def softmax(ctx, self, dim, half_to_float=False):
 
 
 # aten::_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
-@register_lowering(aten._log_softmax.default)
+@lowers(aten._log_softmax.default)
 def log_softmax(ctx, self, dim, half_to_float=False):
     if self.ndim == 0:
         return jnp.zeros((), ctx.out_dtype())
@@ -39,7 +39,7 @@ def log_softmax(ctx, self, dim, half_to_float=False):
 
 
 # aten::_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype)
-@register_lowering(aten._softmax_backward_data.default)
+@lowers(aten._softmax_backward_data.default)
 def softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     g, y = upcast(grad_output), upcast(output)
     return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).astype(ctx.out_dtype())
@@ -47,7 +47,7 @@ def softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
 
 # aten::_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType
 #   input_dtype) -> Tensor
-@register_lowering(aten._log_softmax_backward_data.default)
+@lowers(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
     g, y = upcast(grad_output), upcast(output)
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(ctx.out_dtype())
@@ -56,7 +56,7 @@ def log_softmax_backward_data(ctx, grad_output, output, dim, input_dtype):
 # aten::nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction,
 #   SymInt ignore_index) -> (Tensor output, Tensor total_weight)
 # (aten::nll_loss2d_forward has the same schema, with spatial dimensions after the classes.)
-@register_lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+@lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def nll_loss_forward(ctx, self, target, weight, reduction, ignore_index):
     # NOTE: torch's decomposition gathers each target's log-probability; a masked sum over the
     # classes is the same number (the other terms are exact zeros), and XLA fuses the
@@ -97,7 +97,7 @@ def _sum_as(x, dtype):
 # aten::nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight,
 #   int reduction, SymInt ignore_index, Tensor total_weight) -> Tensor
 # (aten::nll_loss2d_backward has the same schema, with spatial dimensions after the classes.)
-@register_lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+@lowers(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(
     ctx, grad_output, self, target, weight, reduction, ignore_index, total_weight
 ):
@@ -142,7 +142,7 @@ def layer_norm(x, normalized_shape, weight, bias, eps):
 
 # aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,
 #                         float eps) -> (Tensor, Tensor, Tensor)
-@register_lowering(aten.native_layer_norm.default)
+@lowers(aten.native_layer_norm.default)
 def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
     out, mean, rstd = layer_norm(input, normalized_shape, weight, bias, eps)
     return out, mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
@@ -150,7 +150,7 @@ def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
 
 # aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape,
 #   Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask)
-@register_lowering(aten.native_layer_norm_backward.default)
+@lowers(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(
     ctx, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
 ):
@@ -213,7 +213,7 @@ def _bn_train(x, weight, bias, running_mean, running_var, momentum, eps):
 # aten::_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias,
 #   Tensor running_mean, Tensor running_var, bool training, float momentum, float eps)
 #   -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
-@register_lowering(aten._native_batch_norm_legit_functional.default)
+@lowers(aten._native_batch_norm_legit_functional.default)
 def batch_norm_functional(
     ctx, input, weight, bias, running_mean, running_var, training, momentum, eps
 ):
@@ -237,7 +237,7 @@ def batch_norm_functional(
 
 # aten::_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias,
 #   Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
-@register_lowering(aten._native_batch_norm_legit_no_training.default)
+@lowers(aten._native_batch_norm_legit_no_training.default)
 def batch_norm_no_training(ctx, input, weight, bias, running_mean, running_var, momentum, eps):
     rstd = lax.rsqrt(upcast(running_var) + eps)
     out = _bn_apply(input, upcast(running_mean), rstd, weight, bias)
@@ -250,7 +250,7 @@ def batch_norm_no_training(ctx, input, weight, bias, running_mean, running_var, 
 
 # aten::_native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training,
 #   float momentum, float eps) -> (Tensor, Tensor, Tensor)
-@register_lowering(aten._native_batch_norm_legit.no_stats)
+@lowers(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(ctx, input, weight, bias, training, momentum, eps):
     out, mean, rstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
     return out, mean.astype(ctx.out_dtype(1)), rstd.astype(ctx.out_dtype(2))
@@ -259,7 +259,7 @@ def batch_norm_no_stats(ctx, input, weight, bias, training, momentum, eps):
 # aten::native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight,
 #   Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd,
 #   bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-@register_lowering(aten.native_batch_norm_backward.default)
+@lowers(aten.native_batch_norm_backward.default)
 def native_batch_norm_backward(
     ctx,
     grad_out,
@@ -290,7 +290,7 @@ def native_batch_norm_backward(
 
 # aten::native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C,
 #   SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
-@register_lowering(aten.native_group_norm.default)
+@lowers(aten.native_group_norm.default)
 def native_group_norm(ctx, input, weight, bias, N, C, HxW, group, eps):
     x = upcast(input).reshape(N, group, -1)
     mean = jnp.mean(x, axis=-1)
@@ -309,7 +309,7 @@ def native_group_norm(ctx, input, weight, bias, N, C, HxW, group, eps):
 
 
 # aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
-@register_lowering(aten.native_dropout.default, random=True)
+@lowers(aten.native_dropout.default, random=True)
 def native_dropout(ctx, input, p, train):
     if train is False or p == 0:
         return input, jnp.ones(input.shape, jnp.bool_)
@@ -321,7 +321,7 @@ def native_dropout(ctx, input, p, train):
 
 
 # aten::native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor
-@register_lowering(aten.native_dropout_backward.default)
+@lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(ctx, grad_output, mask, scale):
     # Integer and bool gradients promote with the float scale (to the default float dtype).
     dtype = ctx.out_dtype()
@@ -332,13 +332,13 @@ def native_dropout_backward(ctx, grad_output, mask, scale):
 
 
 # aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, ...) -> Tensor
-@register_lowering(aten.embedding.default)
+@lowers(aten.embedding.default)
 def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0, mode="clip")
 
 
 # aten::embedding_renorm(Tensor self, Tensor indices, float max_norm, float norm_type) -> Tensor
-@register_lowering(aten.embedding_renorm.default)
+@lowers(aten.embedding_renorm.default)
 def embedding_renorm(ctx, self, indices, max_norm, norm_type):
     # Rows that indices select and whose p-norm exceeds max_norm are scaled down to it.
     w = upcast(self)
@@ -355,7 +355,7 @@ def embedding_renorm(ctx, self, indices, max_norm, norm_type):
 
 # aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights,
 #   SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
-@register_lowering(aten.embedding_dense_backward.default)
+@lowers(aten.embedding_dense_backward.default)
 def embedding_dense_backward(
     ctx, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
 ):
@@ -432,7 +432,7 @@ def embedding_bag(
 #   bool scale_grad_by_freq=False, int mode=0, bool sparse=False,
 #   Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1)
 #   -> (Tensor, Tensor, Tensor, Tensor)
-@register_lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def embedding_bag_forward(
     ctx,
     weight,
@@ -453,7 +453,7 @@ def embedding_bag_forward(
 # aten::_embedding_bag_backward(Tensor grad, Tensor indices, Tensor offsets, Tensor offset2bag,
 #   Tensor bag_size, Tensor maximum_indices, SymInt num_weights, bool scale_grad_by_freq,
 #   int mode, bool sparse, Tensor? per_sample_weights, int padding_idx=-1) -> Tensor
-@register_lowering(aten._embedding_bag_backward.default)
+@lowers(aten._embedding_bag_backward.default)
 def embedding_bag_backward(
     ctx,
     grad,
@@ -504,7 +504,7 @@ def embedding_bag_backward(
 
 # aten::_embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices,
 #   Tensor offsets, Tensor offset2bag, int mode, int padding_idx=-1) -> Tensor
-@register_lowering(aten._embedding_bag_per_sample_weights_backward.default)
+@lowers(aten._embedding_bag_per_sample_weights_backward.default)
 def embedding_bag_per_sample_weights_backward(
     ctx, grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1
 ):
@@ -523,7 +523,7 @@ def embedding_bag_per_sample_weights_backward(
 
 # aten::_trilinear(Tensor i1, Tensor i2, Tensor i3, int[] expand1, int[] expand2, int[] expand3,
 #                  int[] sumdim, int unroll_dim=1) -> Tensor
-@register_lowering(aten._trilinear.default)
+@lowers(aten._trilinear.default)
 def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     # i1 * i2 * i3, each unsqueezed at its expand dims, summed over sumdim. Like torch, i1 and
     # i2 contract first (over the summed dims i3 lacks), the result rounds to the output dtype,
@@ -639,10 +639,8 @@ def _register_linear_cross_entropy():
     except ImportError:  # a torch without F.linear_cross_entropy
         return
     ops = torch.ops.torch_nn
-    register_lowering(ops._linear_cross_entropy_batch_chunked.default)(
-        linear_cross_entropy_batch_chunked
-    )
-    register_lowering(ops._linear_cross_entropy_batch_chunked_no_reduction.default)(
+    lowers(ops._linear_cross_entropy_batch_chunked.default)(linear_cross_entropy_batch_chunked)
+    lowers(ops._linear_cross_entropy_batch_chunked_no_reduction.default)(
         linear_cross_entropy_batch_chunked_no_reduction
     )
 

@@ -18,8 +18,8 @@ from tpu_inductor.core.dtypes import to_jax_dtype
 from tpu_inductor.lowering.lowerings.registry import (
     P,
     convert,
+    lowers,
     opmath_dtype,
-    register_lowering,
     scalar_array,
     upcast,
 )
@@ -75,7 +75,7 @@ UNARY_FLOAT = {
     aten.rad2deg.default: jnp.rad2deg,
 }
 for _op, _f in UNARY_FLOAT.items():
-    register_lowering(_op, promote=P.INT_TO_FLOAT)(_unary(_f))
+    lowers(_op, promote=P.INT_TO_FLOAT)(_unary(_f))
 
 # --- unary ops that keep the input dtype ---------------------------------------------------------
 UNARY_SAME = {
@@ -92,11 +92,11 @@ UNARY_SAME = {
     aten.positive.default: lambda x: x,
 }
 for _op, _f in UNARY_SAME.items():
-    register_lowering(_op, promote=P.DEFAULT)(_unary(_f))
+    lowers(_op, promote=P.DEFAULT)(_unary(_f))
 
 # Complex in, real out (|z|); every other dtype is kept. COMPLEX_TO_FLOAT is torch's kind for abs:
 # with DEFAULT the registry cast |z| back to complex64.
-register_lowering(aten.abs.default, promote=P.COMPLEX_TO_FLOAT)(_unary(jnp.abs))
+lowers(aten.abs.default, promote=P.COMPLEX_TO_FLOAT)(_unary(jnp.abs))
 
 # --- predicates -----------------------------------------------------------------------------------
 PREDICATES = {
@@ -109,7 +109,7 @@ PREDICATES = {
     aten.logical_not.default: jnp.logical_not,
 }
 for _op, _f in PREDICATES.items():
-    register_lowering(_op)(lambda ctx, self, _f=_f: _f(self))
+    lowers(_op)(lambda ctx, self, _f=_f: _f(self))
 
 # --- binary arithmetic ----------------------------------------------------------------------------
 BINARY_DEFAULT = {
@@ -187,7 +187,7 @@ for _table, _kind in (
     (BINARY_NO_OPMATH, P.NO_OPMATH),
 ):
     for _packet, _f in _table.items():
-        register_lowering(
+        lowers(
             *_overloads(_packet),
             promote=_kind,
             promote_args=(0, 1),
@@ -195,7 +195,7 @@ for _table, _kind in (
         )(_binary(_f))
 for _packet, _f in COMPARISONS.items():
     # Compare in the promoted dtype; the registry turns the result into bool.
-    register_lowering(*_overloads(_packet), promote=P.ALWAYS_BOOL, promote_args=(0, 1))(_binary(_f))
+    lowers(*_overloads(_packet), promote=P.ALWAYS_BOOL, promote_args=(0, 1))(_binary(_f))
 
 
 def _is_complex(x) -> bool:
@@ -248,7 +248,7 @@ def _times_alpha(other, alpha):
 
 
 # aten::ldexp.Tensor(Tensor self, Tensor other) -> Tensor
-@register_lowering(aten.ldexp.Tensor)
+@lowers(aten.ldexp.Tensor)
 def ldexp(ctx, self, other):
     # torch's kernel (BinaryOps.cpp): an integer exponent with a real floating self is
     # std::ldexp in self's dtype; otherwise self * _pow2(self, other), two ops with their own
@@ -286,7 +286,7 @@ def ldexp(ctx, self, other):
 
 
 # aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
-@register_lowering(aten.add.Tensor, aten.add.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
+@lowers(aten.add.Tensor, aten.add.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
 def add(ctx, self, other, alpha=1):
     other = _times_alpha(other, alpha)
     if self.dtype == jnp.bool_:
@@ -295,13 +295,13 @@ def add(ctx, self, other, alpha=1):
 
 
 # aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
-@register_lowering(aten.sub.Tensor, aten.sub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
+@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
 def sub(ctx, self, other, alpha=1):
     return jnp.subtract(self, _times_alpha(other, alpha))
 
 
 # aten::rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
-@register_lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
+@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=P.DEFAULT, promote_args=(0, 1))
 def rsub(ctx, self, other, alpha=1):
     return jnp.subtract(other, _times_alpha(self, alpha))
 
@@ -309,7 +309,7 @@ def rsub(ctx, self, other, alpha=1):
 # aten::div.Tensor(Tensor self, Tensor other) -> Tensor
 # aten::true_divide.Tensor(Tensor self, Tensor other) -> Tensor: what a symbolic float's division
 # becomes (``2.0 / math.pi`` under dynamic=True: 0-d float64 tensors)
-@register_lowering(
+@lowers(
     aten.div.Tensor,
     aten.div.Scalar,
     aten.true_divide.Tensor,
@@ -345,7 +345,7 @@ def complex_divide(a, b):
 
 
 # aten::div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
-@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(ctx, self, other, rounding_mode=None):
     dtype = ctx.out_dtype()
     compute = opmath_dtype(dtype)
@@ -388,7 +388,7 @@ def _floor_divide(a, b):
 
 
 # aten::floor_divide(Tensor self, Tensor other) -> Tensor
-@register_lowering(
+@lowers(
     aten.floor_divide.default,
     aten.floor_divide.Scalar,
     promote=P.DEFAULT,
@@ -401,7 +401,7 @@ def floor_divide(ctx, self, other):
 
 # aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor
 # aten::pow.Scalar(Scalar self, Tensor exponent) -> Tensor
-@register_lowering(
+@lowers(
     aten.pow.Tensor_Tensor,
     aten.pow.Tensor_Scalar,
     aten.pow.Scalar,
@@ -465,7 +465,7 @@ def _int_pow(base, exp):
 
 
 # aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
-@register_lowering(
+@lowers(
     aten.where.self,
     aten.where.ScalarSelf,
     aten.where.ScalarOther,
@@ -478,7 +478,7 @@ def where(ctx, condition, self, other):
 
 
 # aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
-@register_lowering(aten.clamp.default, aten.clamp.Tensor, promote=P.DEFAULT)
+@lowers(aten.clamp.default, aten.clamp.Tensor, promote=P.DEFAULT)
 def clamp(ctx, self, min=None, max=None):
     # NOTE: NaN in self propagates (maximum/minimum propagate NaN), like torch. A bound out of
     # an integer dtype's range wraps as torch's C cast does (uint8: -3 -> 253).
@@ -491,19 +491,19 @@ def clamp(ctx, self, min=None, max=None):
 
 
 # aten::clamp_min(Tensor self, Scalar min) -> Tensor
-@register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote=P.DEFAULT)
+@lowers(aten.clamp_min.default, aten.clamp_min.Tensor, promote=P.DEFAULT)
 def clamp_min(ctx, self, min):
     return jnp.maximum(self, scalar_array(min, self.dtype))
 
 
 # aten::clamp_max(Tensor self, Scalar max) -> Tensor
-@register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote=P.DEFAULT)
+@lowers(aten.clamp_max.default, aten.clamp_max.Tensor, promote=P.DEFAULT)
 def clamp_max(ctx, self, max):
     return jnp.minimum(self, scalar_array(max, self.dtype))
 
 
 # aten::gelu(Tensor self, *, str approximate="none") -> Tensor
-@register_lowering(aten.gelu.default, promote=P.DEFAULT)
+@lowers(aten.gelu.default, promote=P.DEFAULT)
 def gelu(ctx, self, approximate="none"):
     if approximate == "tanh":
         return jax.nn.gelu(self, approximate=True)
@@ -511,13 +511,13 @@ def gelu(ctx, self, approximate="none"):
 
 
 # aten::silu(Tensor self) -> Tensor
-@register_lowering(aten.silu.default, promote=P.DEFAULT)
+@lowers(aten.silu.default, promote=P.DEFAULT)
 def silu(ctx, self):
     return self * jax.nn.sigmoid(self)
 
 
 # aten::hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor
-@register_lowering(aten.hardtanh.default, promote=P.DEFAULT, promote_args=(0,))
+@lowers(aten.hardtanh.default, promote=P.DEFAULT, promote_args=(0,))
 def hardtanh(ctx, self, min_val=-1.0, max_val=1.0):
     # Integer inputs clamp to the bounds converted to the input dtype (truncated), like torch.
     lo, hi = jnp.asarray(min_val).astype(self.dtype), jnp.asarray(max_val).astype(self.dtype)
@@ -525,43 +525,43 @@ def hardtanh(ctx, self, min_val=-1.0, max_val=1.0):
 
 
 # aten::leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor
-@register_lowering(aten.leaky_relu.default, promote=P.DEFAULT)
+@lowers(aten.leaky_relu.default, promote=P.DEFAULT)
 def leaky_relu(ctx, self, negative_slope=0.01):
     return jnp.where(self > 0, self, self * negative_slope)
 
 
 # aten::elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
-@register_lowering(aten.elu.default, promote=P.DEFAULT)
+@lowers(aten.elu.default, promote=P.DEFAULT)
 def elu(ctx, self, alpha=1.0, scale=1.0, input_scale=1.0):
     return jnp.where(self > 0, self * scale, jnp.expm1(self * input_scale) * alpha * scale)
 
 
 # aten::softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
-@register_lowering(aten.softplus.default, promote=P.DEFAULT)
+@lowers(aten.softplus.default, promote=P.DEFAULT)
 def softplus(ctx, self, beta=1.0, threshold=20.0):
     return jnp.where(self * beta > threshold, self, jnp.log1p(jnp.exp(self * beta)) / beta)
 
 
 # aten::mish(Tensor self) -> Tensor
-@register_lowering(aten.mish.default, promote=P.DEFAULT)
+@lowers(aten.mish.default, promote=P.DEFAULT)
 def mish(ctx, self):
     return self * jnp.tanh(jax.nn.softplus(self))
 
 
 # aten::hardsigmoid(Tensor self) -> Tensor
-@register_lowering(aten.hardsigmoid.default, promote=P.DEFAULT)
+@lowers(aten.hardsigmoid.default, promote=P.DEFAULT)
 def hardsigmoid(ctx, self):
     return jnp.clip(self / 6 + 0.5, 0, 1)
 
 
 # aten::hardswish(Tensor self) -> Tensor
-@register_lowering(aten.hardswish.default, promote=P.DEFAULT)
+@lowers(aten.hardswish.default, promote=P.DEFAULT)
 def hardswish(ctx, self):
     return self * jnp.clip(self / 6 + 0.5, 0, 1)
 
 
 # aten::lerp.Scalar(Tensor self, Tensor end, Scalar weight) -> Tensor
-@register_lowering(aten.lerp.Scalar, aten.lerp.Tensor, promote=P.DEFAULT)
+@lowers(aten.lerp.Scalar, aten.lerp.Tensor, promote=P.DEFAULT)
 def lerp(ctx, self, end, weight):
     # NOTE: torch's two-sided formula, exact at weight 0 and 1.
     diff = end - self
@@ -569,7 +569,7 @@ def lerp(ctx, self, end, weight):
 
 
 # aten::bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor
-@register_lowering(
+@lowers(
     aten.bitwise_left_shift.Tensor,
     aten.bitwise_left_shift.Tensor_Scalar,
     aten.bitwise_left_shift.Scalar_Tensor,
@@ -585,7 +585,7 @@ def left_shift(ctx, self, other):
 
 
 # aten::bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor
-@register_lowering(
+@lowers(
     aten.bitwise_right_shift.Tensor,
     aten.bitwise_right_shift.Tensor_Scalar,
     aten.bitwise_right_shift.Scalar_Tensor,
@@ -604,7 +604,7 @@ def right_shift(ctx, self, other):
 
 
 # aten::_to_copy(Tensor self, *, ScalarType? dtype=None, ...) -> Tensor
-@register_lowering(aten._to_copy.default)
+@lowers(aten._to_copy.default)
 def to_copy(
     ctx,
     self,
@@ -620,13 +620,13 @@ def to_copy(
 
 # prims::gcd(Tensor self, Tensor other) -> Tensor: aten.gcd's decomposition (non-negative, like
 # torch: gcd(-4, 6) == 2, gcd(0, 0) == 0).
-register_lowering(torch.ops.prims.gcd.default)(_binary(jnp.gcd))
+lowers(torch.ops.prims.gcd.default)(_binary(jnp.gcd))
 
 
 # prims::div(Tensor self, Tensor other) -> Tensor: true division for floats, C (truncating)
 # division for integers. aten.lcm decomposes into it (after guarding gcd == 0).
 # prims::div(Tensor self, Tensor other) -> Tensor
-@register_lowering(torch.ops.prims.div.default)
+@lowers(torch.ops.prims.div.default)
 def prims_div(ctx, self, other):
     a, b = jnp.asarray(self), jnp.asarray(other)
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
@@ -637,7 +637,7 @@ def prims_div(ctx, self, other):
 # prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor: what a float .item()
 # becomes under capture_scalar_outputs (a float32 -> float64 -> float32 round trip).
 # prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor
-@register_lowering(torch.ops.prims.convert_element_type.default)
+@lowers(torch.ops.prims.convert_element_type.default)
 def convert_element_type(ctx, a, dtype):
     return _cast(a, ctx.out_dtype())
 
@@ -652,7 +652,7 @@ def _cast(x, dtype):
 
 
 # aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor
-@register_lowering(
+@lowers(
     aten.clone.default,
     aten.alias.default,
     aten.lift_fresh_copy.default,
@@ -664,31 +664,31 @@ def clone(ctx, self, memory_format=None):
 
 
 # aten::copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
-@register_lowering(aten.copy.default)
+@lowers(aten.copy.default)
 def copy(ctx, self, src, non_blocking=False):
     return jnp.broadcast_to(_cast(src, self.dtype), self.shape)
 
 
 # aten::fill.Scalar(Tensor self, Scalar value) -> Tensor
-@register_lowering(aten.fill.Scalar, aten.fill.Tensor)
+@lowers(aten.fill.Scalar, aten.fill.Tensor)
 def fill(ctx, self, value):
     return jnp.full(self.shape, value, dtype=self.dtype)
 
 
 # aten::nan_to_num(Tensor self, float? nan=None, float? posinf=None, float? neginf=None) -> Tensor
-@register_lowering(aten.nan_to_num.default, promote=P.DEFAULT)
+@lowers(aten.nan_to_num.default, promote=P.DEFAULT)
 def nan_to_num(ctx, self, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(self, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
 # aten::sgn(Tensor self) -> Tensor
-@register_lowering(aten.sgn.default)
+@lowers(aten.sgn.default)
 def sgn(ctx, self):
     return self if self.dtype == jnp.bool_ else jnp.sign(self)
 
 
 # aten::round.decimals(Tensor self, *, int decimals) -> Tensor
-@register_lowering(aten.round.decimals, promote=P.DEFAULT)
+@lowers(aten.round.decimals, promote=P.DEFAULT)
 def round_decimals(ctx, self, decimals):
     # torch's kernel: scale by 10**|decimals| in the computation dtype, round half to even, undo.
     scale = jnp.asarray(10.0 ** abs(decimals), self.dtype)
@@ -698,7 +698,7 @@ def round_decimals(ctx, self, decimals):
 
 
 # aten::frexp.Tensor(Tensor self) -> (Tensor mantissa, Tensor exponent)
-@register_lowering(aten.frexp.Tensor)
+@lowers(aten.frexp.Tensor)
 def frexp(ctx, self):
     # Half types go through float32, which holds their subnormals as normal numbers.
     # NOTE: float32 subnormal inputs are flushed to zero on XLA (mantissa 0, exponent 0).
@@ -708,7 +708,7 @@ def frexp(ctx, self):
 
 
 # aten::angle(Tensor self) -> Tensor
-@register_lowering(aten.angle.default)
+@lowers(aten.angle.default)
 def angle(ctx, self):
     # Not a registry promotion kind: complex -> real (like COMPLEX_TO_FLOAT) and int/bool ->
     # the default float (like INT_TO_FLOAT). torch says which in meta["val"].
@@ -722,27 +722,27 @@ def angle(ctx, self):
 
 
 # aten::complex(Tensor real, Tensor imag) -> Tensor
-@register_lowering(aten.complex.default)
+@lowers(aten.complex.default)
 def complex_(ctx, real, imag):
     return lax.complex(*jnp.broadcast_arrays(real, imag)).astype(ctx.out_dtype())
 
 
 # aten::polar(Tensor abs, Tensor angle) -> Tensor
-@register_lowering(aten.polar.default)
+@lowers(aten.polar.default)
 def polar(ctx, abs, angle):
     abs, angle = jnp.broadcast_arrays(abs, angle)
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle)).astype(ctx.out_dtype())
 
 
 # aten::addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
-@register_lowering(aten.addcmul.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
+@lowers(aten.addcmul.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
 def addcmul(ctx, self, tensor1, tensor2, value=1):
     # torch converts value to the computation dtype first: an integer tensor truncates 2.5 to 2.
     return self + scalar_array(value, self.dtype) * tensor1 * tensor2
 
 
 # aten::addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
-@register_lowering(aten.addcdiv.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
+@lowers(aten.addcdiv.default, promote=P.DEFAULT, promote_args=(0, 1, 2))
 def addcdiv(ctx, self, tensor1, tensor2, value=1):
     return self + scalar_array(value, self.dtype) * tensor1 / tensor2
 
@@ -753,7 +753,7 @@ def _register_fma():
     # torch._inductor.inductor_prims (not torch._prims), which torch.compile imports anyway.
     import torch._inductor.inductor_prims  # noqa: F401
 
-    register_lowering(torch.ops.prims.fma.default, promote=P.DEFAULT, promote_args=(0, 1, 2))(
+    lowers(torch.ops.prims.fma.default, promote=P.DEFAULT, promote_args=(0, 1, 2))(
         lambda ctx, a, b, c: a * b + c
     )
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_inductor.lowering.lowerings.registry import register_lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 
 aten = torch.ops.aten
 
@@ -29,14 +29,14 @@ def _uniform(ctx, low=0.0, high=1.0):
 
 # aten::rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
 #   bool? pin_memory=None) -> Tensor
-@register_lowering(aten.rand.default, aten.rand_like.default, random=True)
+@lowers(aten.rand.default, aten.rand_like.default, random=True)
 def rand(ctx, *args, **kwargs):
     return _uniform(ctx)
 
 
 # aten::randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,
 #   bool? pin_memory=None) -> Tensor
-@register_lowering(aten.randn.default, aten.randn_like.default, random=True)
+@lowers(aten.randn.default, aten.randn_like.default, random=True)
 def randn(ctx, *args, **kwargs):
     shape, dtype = _out(ctx)
     wide = jnp.float64 if dtype == jnp.float64 else jnp.float32
@@ -44,7 +44,7 @@ def randn(ctx, *args, **kwargs):
 
 
 # aten::uniform(Tensor self, float from=0, float to=1, *, Generator? generator=None) -> Tensor
-@register_lowering(aten.uniform.default, random=True)
+@lowers(aten.uniform.default, random=True)
 def uniform(ctx, self, *args, **kwargs):
     low = args[0] if args else kwargs.get("from", 0.0)
     high = args[1] if len(args) > 1 else kwargs.get("to", 1.0)
@@ -52,14 +52,14 @@ def uniform(ctx, self, *args, **kwargs):
 
 
 # aten::normal_functional(Tensor self, float mean=0, float std=1, *, Generator? generator=None)
-@register_lowering(aten.normal_functional.default, random=True)
+@lowers(aten.normal_functional.default, random=True)
 def normal_functional(ctx, self, mean=0.0, std=1.0, generator=None):
     shape, dtype = _out(ctx)
     return (jax.random.normal(ctx.key(), shape, jnp.float32) * std + mean).astype(dtype)
 
 
 # aten::bernoulli(Tensor self, *, Generator? generator=None) -> Tensor
-@register_lowering(aten.bernoulli.default, aten.bernoulli.p, aten.bernoulli.Tensor, random=True)
+@lowers(aten.bernoulli.default, aten.bernoulli.p, aten.bernoulli.Tensor, random=True)
 def bernoulli(ctx, self, p=None, generator=None):
     shape, dtype = _out(ctx)
     prob = self if p is None else p
@@ -68,7 +68,7 @@ def bernoulli(ctx, self, p=None, generator=None):
 
 
 # aten::poisson(Tensor self, Generator? generator=None) -> Tensor
-@register_lowering(aten.poisson.default, random=True)
+@lowers(aten.poisson.default, random=True)
 def poisson(ctx, self, generator=None):
     shape, dtype = _out(ctx)
     rate = self.astype(jnp.float64 if dtype == jnp.float64 else jnp.float32)
@@ -76,28 +76,28 @@ def poisson(ctx, self, generator=None):
 
 
 # aten::exponential(Tensor self, float lambd=1., *, Generator? generator=None) -> Tensor
-@register_lowering(aten.exponential.default, random=True)
+@lowers(aten.exponential.default, random=True)
 def exponential(ctx, self, lambd=1.0, generator=None):
     shape, dtype = _out(ctx)
     return (jax.random.exponential(ctx.key(), shape, jnp.float32) / lambd).astype(dtype)
 
 
 # aten::randint.low(SymInt low, SymInt high, SymInt[] size, *, ScalarType? dtype=4, ...)
-@register_lowering(aten.randint.low, random=True)
+@lowers(aten.randint.low, random=True)
 def randint_low(ctx, low, high, size, **kwargs):
     return _randint(ctx, low, high)
 
 
 # aten::randint(SymInt high, SymInt[] size, *, ScalarType? dtype=4, Layout? layout=None, Device?
 #   device=None, bool? pin_memory=None) -> Tensor
-@register_lowering(aten.randint.default, random=True)
+@lowers(aten.randint.default, random=True)
 def randint(ctx, high, size, **kwargs):
     return _randint(ctx, 0, high)
 
 
 # aten::randint_like(Tensor self, SymInt high, *, ScalarType? dtype=None, Layout? layout=None,
 #   Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
-@register_lowering(aten.randint_like.default, random=True)
+@lowers(aten.randint_like.default, random=True)
 def randint_like(ctx, self, high, **kwargs):
     return _randint(ctx, 0, high)
 
@@ -105,7 +105,7 @@ def randint_like(ctx, self, high, **kwargs):
 # aten::randint_like.low_dtype(Tensor self, SymInt low, SymInt high, *, ScalarType? dtype=None,
 #   Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat?
 #   memory_format=None) -> Tensor
-@register_lowering(aten.randint_like.low_dtype, random=True)
+@lowers(aten.randint_like.low_dtype, random=True)
 def randint_like_low(ctx, self, low, high, **kwargs):
     return _randint(ctx, low, high)
 
@@ -123,30 +123,28 @@ def _normal_draw(ctx, mean, std):
 
 
 # aten::normal.Tensor_Tensor(Tensor mean, Tensor std, *, Generator? generator=None) -> Tensor
-@register_lowering(
-    aten.normal.Tensor_Tensor, aten.normal.Tensor_float, aten.normal.float_Tensor, random=True
-)
+@lowers(aten.normal.Tensor_Tensor, aten.normal.Tensor_float, aten.normal.float_Tensor, random=True)
 def normal(ctx, mean, std=1.0, generator=None):
     return _normal_draw(ctx, mean, std)
 
 
 # aten::normal.float_float(float mean, float std, SymInt[] size, *, Generator? generator=None,
 #                          ScalarType? dtype=None, ...) -> Tensor
-@register_lowering(aten.normal.float_float, random=True)
+@lowers(aten.normal.float_float, random=True)
 def normal_float_float(ctx, mean, std, size, **kwargs):
     return _normal_draw(ctx, mean, std)
 
 
 # prims::normal(SymInt[] shape, *, Scalar mean, Scalar std, ScalarType? dtype, Device? device,
 #               bool requires_grad, Generator? generator=None) -> Tensor
-@register_lowering(torch.ops.prims.normal.default, random=True)
+@lowers(torch.ops.prims.normal.default, random=True)
 def prims_normal(ctx, shape, *, mean, std, **kwargs):
     return _normal_draw(ctx, mean, std)
 
 
 # aten::multinomial(Tensor self, SymInt num_samples, bool replacement=False, *,
 #                   Generator? generator=None) -> Tensor
-@register_lowering(aten.multinomial.default, random=True)
+@lowers(aten.multinomial.default, random=True)
 def multinomial(ctx, self, num_samples, replacement=False, generator=None):
     # Rows of unnormalized probabilities, sampled through their logits: with replacement as
     # independent categorical draws, without as the top num_samples of logits + Gumbel noise.
@@ -165,7 +163,7 @@ def multinomial(ctx, self, num_samples, replacement=False, generator=None):
 
 # aten::randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None,
 #                bool? pin_memory=None) -> Tensor
-@register_lowering(aten.randperm.default, random=True)
+@lowers(aten.randperm.default, random=True)
 def randperm(ctx, n, **kwargs):
     return jax.random.permutation(ctx.key(), n).astype(ctx.out_dtype())
 
@@ -173,7 +171,7 @@ def randperm(ctx, n, **kwargs):
 # aten::rrelu_with_noise_functional(Tensor self, Tensor noise, Scalar lower=0.125,
 #   Scalar upper=0.3333333333333333, bool training=False, Generator? generator=None)
 #   -> (Tensor, Tensor noise_out)
-@register_lowering(aten.rrelu_with_noise_functional.default, random=True)
+@lowers(aten.rrelu_with_noise_functional.default, random=True)
 def rrelu_with_noise_functional(
     ctx, self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None
 ):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_inductor.lowering.lowerings.registry import opmath_dtype, register_lowering
+from tpu_inductor.lowering.lowerings.registry import lowers, opmath_dtype
 
 aten = torch.ops.aten
 
@@ -25,7 +25,7 @@ def _dims(dim, ndim):
 
 
 # aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None)
-@register_lowering(aten.sum.dim_IntList, aten.sum.default)
+@lowers(aten.sum.dim_IntList, aten.sum.default)
 def sum_(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
     x = self.astype(opmath_dtype(out))
@@ -33,7 +33,7 @@ def sum_(ctx, self, dim=None, keepdim=False, dtype=None):
 
 
 # aten::mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
-@register_lowering(aten.mean.dim, aten.mean.default)
+@lowers(aten.mean.dim, aten.mean.default)
 def mean(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
     x = self.astype(opmath_dtype(out))
@@ -41,7 +41,7 @@ def mean(ctx, self, dim=None, keepdim=False, dtype=None):
 
 
 # aten::prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
-@register_lowering(aten.prod.dim_int, aten.prod.default)
+@lowers(aten.prod.dim_int, aten.prod.default)
 def prod(ctx, self, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
     return jnp.prod(
@@ -51,7 +51,7 @@ def prod(ctx, self, dim=None, keepdim=False, dtype=None):
 
 # aten::var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None,
 #     bool keepdim=False) -> Tensor
-@register_lowering(aten.var.correction)
+@lowers(aten.var.correction)
 def var(ctx, self, dim=None, correction=None, keepdim=False):
     out = ctx.out_dtype()
     x = self.astype(opmath_dtype(self.dtype))
@@ -61,14 +61,14 @@ def var(ctx, self, dim=None, correction=None, keepdim=False):
 
 # aten::std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool
 #   keepdim=False) -> Tensor
-@register_lowering(aten.std.correction)
+@lowers(aten.std.correction)
 def std(ctx, self, dim=None, correction=None, keepdim=False):
     return jnp.sqrt(var(ctx, self, dim, correction=correction, keepdim=keepdim))
 
 
 # aten::var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool
 #   keepdim=False) -> (Tensor, Tensor)
-@register_lowering(aten.var_mean.correction)
+@lowers(aten.var_mean.correction)
 def var_mean(ctx, self, dim=None, correction=None, keepdim=False):
     x = self.astype(opmath_dtype(self.dtype))
     ddof = 1 if correction is None else correction
@@ -89,25 +89,25 @@ def _minmax(fn, self, dim, keepdim):
 
 
 # aten::amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
-@register_lowering(aten.amax.default)
+@lowers(aten.amax.default)
 def amax(ctx, self, dim=(), keepdim=False):
     return _minmax(jnp.max, self, dim, keepdim)
 
 
 # aten::amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
-@register_lowering(aten.amin.default)
+@lowers(aten.amin.default)
 def amin(ctx, self, dim=(), keepdim=False):
     return _minmax(jnp.min, self, dim, keepdim)
 
 
 # aten::max(Tensor self) -> Tensor
-@register_lowering(aten.max.default)
+@lowers(aten.max.default)
 def max_(ctx, self):
     return _minmax(jnp.max, self, None, False)
 
 
 # aten::min(Tensor self) -> Tensor
-@register_lowering(aten.min.default)
+@lowers(aten.min.default)
 def min_(ctx, self):
     return _minmax(jnp.min, self, None, False)
 
@@ -134,45 +134,45 @@ def _arg(self, dim, keepdim, largest):
 
 
 # aten::argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
-@register_lowering(aten.argmax.default)
+@lowers(aten.argmax.default)
 def argmax(ctx, self, dim=None, keepdim=False):
     return _arg(self, dim, keepdim, True)
 
 
 # aten::argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
-@register_lowering(aten.argmin.default)
+@lowers(aten.argmin.default)
 def argmin(ctx, self, dim=None, keepdim=False):
     return _arg(self, dim, keepdim, False)
 
 
 # aten::max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
-@register_lowering(aten.max.dim)
+@lowers(aten.max.dim)
 def max_dim(ctx, self, dim, keepdim=False):
     return _minmax(jnp.max, self, dim, keepdim), _arg(self, dim, keepdim, True)
 
 
 # aten::min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
-@register_lowering(aten.min.dim)
+@lowers(aten.min.dim)
 def min_dim(ctx, self, dim, keepdim=False):
     return _minmax(jnp.min, self, dim, keepdim), _arg(self, dim, keepdim, False)
 
 
 # aten::any(Tensor self) -> Tensor
-@register_lowering(aten.any.default, aten.any.dim, aten.any.dims)
+@lowers(aten.any.default, aten.any.dim, aten.any.dims)
 def any_(ctx, self, dim=None, keepdim=False):
     out = jnp.any(self != 0, axis=_dims(dim, self.ndim), keepdims=keepdim)
     return out.astype(ctx.out_dtype())
 
 
 # aten::all(Tensor self) -> Tensor
-@register_lowering(aten.all.default, aten.all.dim, aten.all.dims)
+@lowers(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(ctx, self, dim=None, keepdim=False):
     out = jnp.all(self != 0, axis=_dims(dim, self.ndim), keepdims=keepdim)
     return out.astype(ctx.out_dtype())
 
 
 # aten::logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor
-@register_lowering(aten.logsumexp.default)
+@lowers(aten.logsumexp.default)
 def logsumexp(ctx, self, dim, keepdim=False):
     out = ctx.out_dtype()
     x = self.astype(opmath_dtype(out))
@@ -180,7 +180,7 @@ def logsumexp(ctx, self, dim, keepdim=False):
 
 
 # aten::linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, ...)
-@register_lowering(aten.linalg_vector_norm.default)
+@lowers(aten.linalg_vector_norm.default)
 def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):
     out = ctx.out_dtype()
     # |z| before the cast: out is real for complex inputs, and casting z first drops Im(z).
@@ -203,7 +203,7 @@ def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, dtype=None):
 
 
 # aten::cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
-@register_lowering(aten.cumsum.default)
+@lowers(aten.cumsum.default)
 def cumsum(ctx, self, dim, dtype=None):
     out = ctx.out_dtype()
     if self.ndim == 0:
@@ -212,7 +212,7 @@ def cumsum(ctx, self, dim, dtype=None):
 
 
 # aten::cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
-@register_lowering(aten.cumprod.default)
+@lowers(aten.cumprod.default)
 def cumprod(ctx, self, dim, dtype=None):
     out = ctx.out_dtype()
     if self.ndim == 0:
@@ -221,7 +221,7 @@ def cumprod(ctx, self, dim, dtype=None):
 
 
 # aten::histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor
-@register_lowering(aten.histc.default)
+@lowers(aten.histc.default)
 def histc(ctx, self, bins=100, min=0, max=0):
     # Mirrors torch's CPU kernel: the bin is int((x - lo) * bins / (hi - lo)) in the input dtype,
     # x == hi lands in the last bin, values outside [lo, hi] (and NaN) are not counted.
@@ -242,7 +242,7 @@ def histc(ctx, self, bins=100, min=0, max=0):
 
 
 # aten::sort.stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False)
-@register_lowering(aten.sort.default, aten.sort.stable)
+@lowers(aten.sort.default, aten.sort.stable)
 def sort(ctx, self, *args, stable=None, dim=-1, descending=False):
     if args:  # sort.default(self, int dim=-1, bool descending=False)
         dim = args[0]
@@ -275,7 +275,7 @@ def sort(ctx, self, *args, stable=None, dim=-1, descending=False):
 
 
 # aten::topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True)
-@register_lowering(aten.topk.default)
+@lowers(aten.topk.default)
 def topk(ctx, self, k, dim=-1, largest=True, sorted=True):
     # NOTE: ties come in position order; torch's partial_sort / nth_element leaves their order
     # unspecified, so indices of equal values can differ from eager (values are the same).
@@ -307,19 +307,19 @@ def _cum_extreme(x, dim, greater):
 
 
 # aten::cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)
-@register_lowering(aten.cummax.default)
+@lowers(aten.cummax.default)
 def cummax(ctx, self, dim):
     return _cum_extreme(self, dim, greater=True)
 
 
 # aten::cummin(Tensor self, int dim) -> (Tensor values, Tensor indices)
-@register_lowering(aten.cummin.default)
+@lowers(aten.cummin.default)
 def cummin(ctx, self, dim):
     return _cum_extreme(self, dim, greater=False)
 
 
 # aten::logcumsumexp(Tensor self, int dim) -> Tensor
-@register_lowering(aten.logcumsumexp.default)
+@lowers(aten.logcumsumexp.default)
 def logcumsumexp(ctx, self, dim):
     out = ctx.out_dtype()
     if self.ndim == 0:
@@ -328,7 +328,7 @@ def logcumsumexp(ctx, self, dim):
 
 
 # aten::dist(Tensor self, Tensor other, Scalar p=2) -> Tensor
-@register_lowering(aten.dist.default)
+@lowers(aten.dist.default)
 def dist(ctx, self, other, p=2):
     # torch: linalg_vector_norm(self - other, p), the difference rounded to the input dtype.
     return linalg_vector_norm(ctx, jnp.subtract(self, other), ord=p)
@@ -385,7 +385,7 @@ def _histogramdd(x, edges, weight, density):
 
 # aten::histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None,
 #     bool density=False) -> (Tensor hist, Tensor bin_edges)
-@register_lowering(aten.histogram.bin_ct)
+@lowers(aten.histogram.bin_ct)
 def histogram(ctx, self, bins=100, range=None, weight=None, density=False):
     x = self.reshape(-1, 1)
     edges = _hist_edges(x, [bins], range)
@@ -393,33 +393,33 @@ def histogram(ctx, self, bins=100, range=None, weight=None, density=False):
 
 
 # aten::histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False)
-@register_lowering(aten.histogram.bins_tensor)
+@lowers(aten.histogram.bins_tensor)
 def histogram_bins(ctx, self, bins, weight=None, density=False):
     return _histogramdd(self.reshape(-1, 1), [bins], weight, density), bins
 
 
 # aten::_histogramdd_bin_edges(Tensor self, int[] bins, *, float[]? range=None, ...) -> Tensor[]
-@register_lowering(aten._histogramdd_bin_edges.default)
+@lowers(aten._histogramdd_bin_edges.default)
 def histogramdd_bin_edges(ctx, self, bins, range=None, weight=None, density=False):
     return _hist_edges(self.reshape(-1, self.shape[-1]), bins, range)
 
 
 # aten::_histogramdd_from_bin_cts(Tensor self, int[] bins, *, float[]? range=None, ...) -> Tensor
-@register_lowering(aten._histogramdd_from_bin_cts.default)
+@lowers(aten._histogramdd_from_bin_cts.default)
 def histogramdd_from_bin_cts(ctx, self, bins, range=None, weight=None, density=False):
     x = self.reshape(-1, self.shape[-1])
     return _histogramdd(x, _hist_edges(x, bins, range), weight, density)
 
 
 # aten::_histogramdd_from_bin_tensors(Tensor self, Tensor[] bins, *, Tensor? weight=None, ...)
-@register_lowering(aten._histogramdd_from_bin_tensors.default)
+@lowers(aten._histogramdd_from_bin_tensors.default)
 def histogramdd_from_bin_tensors(ctx, self, bins, weight=None, density=False):
     return _histogramdd(self.reshape(-1, self.shape[-1]), list(bins), weight, density)
 
 
 # aten::segment_reduce(Tensor data, str reduce, *, Tensor? lengths=None, Tensor? indices=None,
 #     Tensor? offsets=None, int axis=0, bool unsafe=False, Scalar? initial=None) -> Tensor
-@register_lowering(aten.segment_reduce.default)
+@lowers(aten.segment_reduce.default)
 def segment_reduce(
     ctx, data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None
 ):
@@ -490,7 +490,7 @@ def _hash_bits(x):
 
 
 # aten::hash_tensor(Tensor self, int[1] dim=[], *, bool keepdim=False, int mode=0) -> Tensor
-@register_lowering(aten.hash_tensor.default)
+@lowers(aten.hash_tensor.default)
 def hash_tensor(ctx, self, dim=(), keepdim=False, mode=0):
     # mode 0 (the only one): XOR of the elements' bits.
     bits = _hash_bits(self)

@@ -1,4 +1,4 @@
-"""The ATen -> JAX lowering table and the decorator that fills it.
+"""The ATen -> JAX lowering table and the decorator that fills it (:func:`lowers`).
 
 A lowering is a pure function ``fn(ctx, *args, **kwargs)``: ``ctx`` is a
 :class:`LoweringContext`, the rest are the ATen schema's arguments by their schema names, with
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from tpu_inductor.core.dtypes import to_jax_dtype
@@ -29,7 +29,7 @@ from tpu_inductor.core.shapes import concrete_shape
 P = ELEMENTWISE_TYPE_PROMOTION_KIND
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class LoweringContext:
     """What a lowering may know besides its arguments.
 
@@ -89,16 +89,30 @@ class LoweringContext:
         return self.make_key()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Lowering:
-    """One registered lowering: the function and how its inputs are promoted."""
+    """One row of the op table: an op, its lowering and how the lowering is called.
 
-    op: OpOverload | str  # str: a custom op registered by name, not yet bound
+    Attributes:
+        op: an ``OpOverload``, a higher-order op, a function of ours that a graph rewrite
+            inserts, or a custom op's qualified name (``str``: registered by name, not yet
+            bound to its op).
+        fn: ``fn(ctx, *args, **kwargs)``.
+        promote / promote_args / wide_args: see :func:`lowers`.
+        random: whether the op draws random numbers, or a predicate of the node (a
+            higher-order op draws when what it calls draws).
+        wraps: for a wrapper op (``with_effects(token, op, *args)``), the position of the op it
+            wraps among its arguments: the graph walk then describes the node to ``fn`` (its
+            ``ctx``) and to the refusal rules as that op, and ``fn`` calls that op's row.
+    """
+
+    op: Any
     fn: Callable[..., Any]
-    promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None
-    promote_args: tuple[int, ...] | None
-    random: bool | Callable[[Any], bool]  # a predicate of the node for higher-order ops
+    promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None = None
+    promote_args: tuple[int, ...] | None = None
+    random: bool | Callable[[Any], bool] = False
     wide_args: tuple[int, ...] = ()
+    wraps: int | None = None
 
     def __call__(self, ctx: LoweringContext, args: Sequence, kwargs: dict) -> Any:
         if self.promote is None:
@@ -203,11 +217,12 @@ def _qualified_name(op: OpOverload) -> str:
 
 
 class _LoweringTable(dict):
-    """``OpOverload -> Lowering``, plus lowerings of custom ops registered by name.
+    """``op -> Lowering``, plus lowerings of custom ops registered by name.
 
     A custom op (``torch.library``) exists only once its library is imported, and importing,
     say, ``transformers`` here would cost seconds. Such lowerings wait in ``pending`` under their
-    qualified name and are bound to the ``OpOverload`` on its first lookup.
+    qualified name and are bound to the ``OpOverload`` on its first lookup. Rows are written
+    only through :func:`install` and :func:`uninstall`.
     """
 
     def __init__(self):
@@ -236,42 +251,70 @@ class _LoweringTable(dict):
 LOWERINGS: _LoweringTable = _LoweringTable()
 
 
-def _expand(op) -> list[OpOverload | str]:
+def install(row: Lowering, *, replace: bool = False) -> None:
+    """Put ``row`` in the op table: the one way a lowering gets there (:func:`lowers` for
+    tpu-inductor's own, ``tpu_inductor.register_lowering`` for users').
+
+    Raises:
+        ValueError: if ``row.op`` already has a lowering and ``replace`` is false.
+    """
+    if not replace and (row.op in LOWERINGS or row.op in LOWERINGS.pending):
+        raise ValueError(f"{row.op} is registered twice")
+    if isinstance(row.op, str):
+        LOWERINGS.pending[row.op] = row
+    else:
+        dict.__setitem__(LOWERINGS, row.op, row)
+
+
+def uninstall(op) -> None:
+    """Remove ``op``'s row from the op table (nothing when it has none)."""
+    dict.pop(LOWERINGS, op, None)
+
+
+def _expand(op) -> list:
     if isinstance(op, OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
-    if isinstance(op, OpOverload):
+    if isinstance(op, OpOverload | HigherOrderOperator):
         return [op]
     if isinstance(op, str) and re.fullmatch(r"\w+::\w+\.\w+", op):
         return [op]
     if callable(op) and getattr(op, "__module__", "").startswith("tpu_inductor."):
         return [op]  # an op of ours that a graph rewrite inserts (a torch function: runnable)
-    raise TypeError(f"register_lowering expects ATen ops or 'namespace::op.overload', got {op!r}")
+    raise TypeError(
+        f"lowers expects ATen ops, higher-order ops or 'namespace::op.overload', got {op!r}"
+    )
 
 
-def register_lowering(
+def lowers(
     *ops,
     promote: ELEMENTWISE_TYPE_PROMOTION_KIND | None = None,
     promote_args: Sequence[int] | None = None,
-    random: bool = False,
+    random: bool | Callable[[Any], bool] = False,
     wide_args: Sequence[int] = (),
+    wraps: int | None = None,
 ) -> Callable:
-    """Register ``fn`` as the lowering of every overload in ``ops``.
+    """Decorator: register ``fn`` as the lowering of every overload in ``ops`` (tpu-inductor's
+    own lowerings; users call ``tpu_inductor.register_lowering``).
 
     Args:
-        ops: ``OpOverload`` s, packets (expanded to all their overloads), a custom op's
-            qualified name ``"namespace::op.overload"`` (bound when the op is first looked up,
-            so its library need not be imported here), or a function of tpu_inductor's that a
-            graph rewrite puts in graphs (written in torch, so the graph still runs in torch:
+        ops: ``OpOverload`` s, packets (expanded to all their overloads), higher-order ops
+            (``torch.ops.higher_order.*``), a custom op's qualified name
+            ``"namespace::op.overload"`` (bound when the op is first looked up, so its library
+            need not be imported here), or a function of tpu_inductor's that a graph rewrite
+            puts in graphs (written in torch, so the graph still runs in torch:
             ``lowering/leading_dims.py``).
         promote: torch's elementwise promotion kind; tensor arguments are cast to the
             computation dtype before ``fn`` runs and the result to the result dtype after.
         promote_args: positions of the arguments that take part in promotion (default: every
             tensor or number argument). Python numbers at these positions reach ``fn`` as 0-d
             arrays of the computation dtype (:func:`scalar_array`), as torch converts them.
-        random: the op draws random numbers (the graph then receives a key per call).
+        random: the op draws random numbers (the graph then receives a key per call), or a
+            predicate of the node saying so (a higher-order op that calls a subgraph).
         wide_args: promoted positions whose operand torch's kernel reads at the computation
             precision (a Python number or 0-d tensor meeting a bfloat16 tensor in ``mul`` or
             ``div`` is not rounded to bfloat16 first; everywhere else it is).
+        wraps: for a higher-order op that wraps another op, that op's position among its
+            arguments (see :class:`Lowering`).
 
     Raises:
         ValueError: if an overload already has a lowering.
@@ -280,20 +323,17 @@ def register_lowering(
     def decorate(fn):
         for packet in ops:
             for op in _expand(packet):
-                if op in LOWERINGS or op in LOWERINGS.pending:
-                    raise ValueError(f"{op} is registered twice")
-                low = Lowering(
-                    op,
-                    fn,
-                    promote,
-                    tuple(promote_args) if promote_args else None,
-                    random,
-                    tuple(wide_args),
+                install(
+                    Lowering(
+                        op=op,
+                        fn=fn,
+                        promote=promote,
+                        promote_args=tuple(promote_args) if promote_args else None,
+                        random=random,
+                        wide_args=tuple(wide_args),
+                        wraps=wraps,
+                    )
                 )
-                if isinstance(op, str):
-                    LOWERINGS.pending[op] = low
-                else:
-                    LOWERINGS[op] = low
         return fn
 
     return decorate

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_inductor.lowering.lowerings.registry import register_lowering, upcast
+from tpu_inductor.lowering.lowerings.registry import lowers, upcast
 
 aten = torch.ops.aten
 
@@ -160,7 +160,7 @@ def grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
 
 # aten::grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode,
 #                       bool align_corners) -> Tensor
-@register_lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+@lowers(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
 def grid_sampler(ctx, input, grid, interpolation_mode, padding_mode, align_corners):
     return grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
 
@@ -168,7 +168,7 @@ def grid_sampler(ctx, input, grid, interpolation_mode, padding_mode, align_corne
 # aten::grid_sampler_2d_backward(Tensor grad_output, Tensor input, Tensor grid,
 #   int interpolation_mode, int padding_mode, bool align_corners, bool[2] output_mask)
 #   -> (Tensor, Tensor)
-@register_lowering(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+@lowers(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
 def grid_sampler_backward(
     ctx, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
 ):
@@ -235,7 +235,7 @@ def _aa_matrices(input_size, output_size, align_corners, scales_h, scales_w, dty
 
 # aten::_upsample_bilinear2d_aa(Tensor self, SymInt[2] output_size, bool align_corners,
 #                               float? scales_h=None, float? scales_w=None) -> Tensor
-@register_lowering(aten._upsample_bilinear2d_aa.default)
+@lowers(aten._upsample_bilinear2d_aa.default)
 def upsample_bilinear2d_aa(ctx, self, output_size, align_corners, scales_h=None, scales_w=None):
     mats = _aa_matrices(self.shape, output_size, align_corners, scales_h, scales_w, self.dtype)
     return _resize(self, mats, jax.lax.Precision.HIGHEST)
@@ -243,7 +243,7 @@ def upsample_bilinear2d_aa(ctx, self, output_size, align_corners, scales_h=None,
 
 # aten::_upsample_bilinear2d_aa_backward(Tensor grad_output, SymInt[2] output_size,
 #   SymInt[4] input_size, bool align_corners, float? scales_h=None, float? scales_w=None)
-@register_lowering(aten._upsample_bilinear2d_aa_backward.default)
+@lowers(aten._upsample_bilinear2d_aa_backward.default)
 def upsample_bilinear2d_aa_backward(
     ctx, grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
 ):

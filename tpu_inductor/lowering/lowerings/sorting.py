@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_inductor.lowering.lowerings.registry import jdt, register_lowering
+from tpu_inductor.lowering.lowerings.registry import jdt, lowers
 
 aten = torch.ops.aten
 
@@ -59,31 +59,31 @@ def _median(x, dim, keepdim, ignore_nan):
 
 
 # aten::median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
-@register_lowering(aten.median.dim)
+@lowers(aten.median.dim)
 def median_dim(ctx, self, dim, keepdim=False):
     return _median(self, dim, keepdim, ignore_nan=False)
 
 
 # aten::nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
-@register_lowering(aten.nanmedian.dim)
+@lowers(aten.nanmedian.dim)
 def nanmedian_dim(ctx, self, dim, keepdim=False):
     return _median(self, dim, keepdim, ignore_nan=True)
 
 
 # aten::median(Tensor self) -> Tensor
-@register_lowering(aten.median.default)
+@lowers(aten.median.default)
 def median(ctx, self):
     return _median(self.reshape(-1), 0, False, ignore_nan=False)[0]
 
 
 # aten::nanmedian(Tensor self) -> Tensor
-@register_lowering(aten.nanmedian.default)
+@lowers(aten.nanmedian.default)
 def nanmedian(ctx, self):
     return _median(self.reshape(-1), 0, False, ignore_nan=True)[0]
 
 
 # aten::kthvalue(Tensor self, SymInt k, int dim=-1, bool keepdim=False) -> (Tensor values, ...)
-@register_lowering(aten.kthvalue.default)
+@lowers(aten.kthvalue.default)
 def kthvalue(ctx, self, k, dim=-1, keepdim=False):
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int64)
@@ -96,7 +96,7 @@ def kthvalue(ctx, self, k, dim=-1, keepdim=False):
 
 
 # aten::mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)
-@register_lowering(aten.mode.default)
+@lowers(aten.mode.default)
 def mode(ctx, self, dim=-1, keepdim=False):
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int64)
@@ -149,7 +149,7 @@ def _common(ctx, a, b, i, j):
 
 # aten::searchsorted.Tensor(Tensor sorted_sequence, Tensor self, *, bool out_int32=False,
 #     bool right=False, str? side=None, Tensor? sorter=None) -> Tensor
-@register_lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+@lowers(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def searchsorted(ctx, sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
     seq, values = _common(ctx, sorted_sequence, self, 0, 1)
     if sorter is not None:
@@ -160,7 +160,7 @@ def searchsorted(ctx, sorted_sequence, self, out_int32=False, right=False, side=
 
 # aten::bucketize.Tensor(Tensor self, Tensor boundaries, *, bool out_int32=False,
 #     bool right=False) -> Tensor
-@register_lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
+@lowers(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def bucketize(ctx, self, boundaries, out_int32=False, right=False):
     values, seq = _common(ctx, self, boundaries, 0, 1)
     return _search(seq, values, right).astype(ctx.out_dtype())

@@ -19,7 +19,7 @@ from jax import lax
 from jax.scipy import special
 
 from tpu_inductor.lowering.lowerings import special_coefficients as C
-from tpu_inductor.lowering.lowerings.registry import P, opmath_dtype, register_lowering
+from tpu_inductor.lowering.lowerings.registry import P, lowers, opmath_dtype
 
 aten = torch.ops.aten
 
@@ -133,7 +133,7 @@ def _zeta(x, q):
 
 
 # aten::special_zeta(Tensor self, Tensor other) -> Tensor
-@register_lowering(
+@lowers(
     aten.special_zeta.default,
     aten.special_zeta.self_scalar,
     aten.special_zeta.other_scalar,
@@ -153,7 +153,7 @@ def _accumulate_dtype(ctx, dtype):
 
 
 # aten::polygamma(int n, Tensor self) -> Tensor
-@register_lowering(aten.polygamma.default, promote=P.INT_TO_FLOAT, promote_args=(1,))
+@lowers(aten.polygamma.default, promote=P.INT_TO_FLOAT, promote_args=(1,))
 def polygamma(ctx, n, self):
     x = self.astype(_compute_dtype(ctx))
     if n == 0:
@@ -167,7 +167,7 @@ def polygamma(ctx, n, self):
 
 
 # aten::digamma(Tensor self) -> Tensor
-@register_lowering(aten.digamma.default, promote=P.INT_TO_FLOAT)
+@lowers(aten.digamma.default, promote=P.INT_TO_FLOAT)
 def digamma(ctx, self):
     return _digamma(self)
 
@@ -357,7 +357,7 @@ UNARY_SPECIAL = {
     aten.special_scaled_modified_bessel_k1.default: lambda x: _modified_bessel_k(x, 1, True),
 }
 for _op, _f in UNARY_SPECIAL.items():
-    register_lowering(_op, promote=P.INT_TO_FLOAT)(lambda ctx, self, _f=_f: _f(self))
+    lowers(_op, promote=P.INT_TO_FLOAT)(lambda ctx, self, _f=_f: _f(self))
 
 
 # --- orthogonal polynomials (three-term recurrences) -------------------------------------------
@@ -540,6 +540,6 @@ def _polynomial(f):
 
 
 for _packet, _f in POLYNOMIALS.items():
-    register_lowering(_packet.default, _packet.x_scalar, _packet.n_scalar, promote=P.INT_TO_FLOAT)(
+    lowers(_packet.default, _packet.x_scalar, _packet.n_scalar, promote=P.INT_TO_FLOAT)(
         _polynomial(_f)
     )

@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from tpu_inductor.core.errors import UnsupportedOpError
 from tpu_inductor.lowering.calls import AUTO_FUNCTIONALIZED, INVOKE_SUBGRAPH, subgraph_of
-from tpu_inductor.lowering.lowerings.registry import LOWERINGS, Lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 from tpu_inductor.lowering.lowerings.unsupported import REFUSED
 
 # subgraph -> (platform, precision) -> its lowered function; dies with the subgraph's module
@@ -155,12 +155,8 @@ def _view_free(node: fx.Node) -> str | None:
 
 
 if INVOKE_SUBGRAPH is not None:
-    LOWERINGS[INVOKE_SUBGRAPH] = Lowering(
-        INVOKE_SUBGRAPH, _invoke_subgraph, None, None, draws_random
-    )
+    lowers(INVOKE_SUBGRAPH, random=draws_random)(_invoke_subgraph)
     REFUSED[INVOKE_SUBGRAPH] = _unsupported_inside
 if INVOKE_SUBGRAPH is not None and AUTO_FUNCTIONALIZED is not None:
-    LOWERINGS[AUTO_FUNCTIONALIZED] = Lowering(
-        AUTO_FUNCTIONALIZED, _auto_functionalized, None, None, draws_random
-    )
+    lowers(AUTO_FUNCTIONALIZED, random=draws_random)(_auto_functionalized)
     REFUSED[AUTO_FUNCTIONALIZED] = _view_free

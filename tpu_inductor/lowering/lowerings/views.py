@@ -19,7 +19,7 @@ from jax import lax
 from tpu_inductor.core.errors import ASSERT_FAILED
 from tpu_inductor.core.sources import user_frame
 from tpu_inductor.core.transfers import D2H, TOTAL
-from tpu_inductor.lowering.lowerings.registry import register_lowering
+from tpu_inductor.lowering.lowerings.registry import lowers
 
 aten = torch.ops.aten
 
@@ -34,15 +34,13 @@ def _shape(ctx, shape):
 
 
 # aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)
-@register_lowering(
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default
-)
+@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
 def view(ctx, self, size):
     return jnp.reshape(self, _shape(ctx, size))
 
 
 # aten::view.dtype(Tensor(a) self, ScalarType dtype) -> Tensor(a)
-@register_lowering(aten.view.dtype)
+@lowers(aten.view.dtype)
 def view_dtype(ctx, self, dtype):
     out = ctx.out_dtype()
     if out.itemsize == self.dtype.itemsize:
@@ -56,13 +54,13 @@ def view_dtype(ctx, self, dtype):
 
 
 # aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)
-@register_lowering(aten.permute.default)
+@lowers(aten.permute.default)
 def permute(ctx, self, dims):
     return jnp.transpose(self, [_dim(d, self.ndim) for d in dims])
 
 
 # aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
-@register_lowering(aten.transpose.int)
+@lowers(aten.transpose.int)
 def transpose(ctx, self, dim0, dim1):
     if self.ndim == 0:  # torch allows dims 0 / -1 of a 0-d tensor: itself
         return self
@@ -70,25 +68,25 @@ def transpose(ctx, self, dim0, dim1):
 
 
 # aten::t(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten.t.default)
+@lowers(aten.t.default)
 def t(ctx, self):
     return self.T
 
 
 # aten::expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
-@register_lowering(aten.expand.default, aten.expand_copy.default)
+@lowers(aten.expand.default, aten.expand_copy.default)
 def expand(ctx, self, size, implicit=False):
     return jnp.broadcast_to(self, _shape(ctx, size))
 
 
 # aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)
-@register_lowering(aten.unsqueeze.default)
+@lowers(aten.unsqueeze.default)
 def unsqueeze(ctx, self, dim):
     return jnp.expand_dims(self, _dim(dim, self.ndim + 1))
 
 
 # aten::squeeze(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+@lowers(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def squeeze(ctx, self, dim=None):
     if self.ndim == 0:
         return self
@@ -108,7 +106,7 @@ def _norm_slice(start, end, size):
 
 
 # aten::slice.Tensor(Tensor self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1)
-@register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+@lowers(aten.slice.Tensor, aten.slice_copy.Tensor)
 def slice_(ctx, self, dim=0, start=None, end=None, step=1):
     dim = _dim(dim, self.ndim)
     start, end = _norm_slice(start, end, self.shape[dim])
@@ -117,7 +115,7 @@ def slice_(ctx, self, dim=0, start=None, end=None, step=1):
 
 # aten::slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None,
 #                     SymInt step=1) -> Tensor
-@register_lowering(aten.slice_scatter.default)
+@lowers(aten.slice_scatter.default)
 def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     dim = _dim(dim, self.ndim)
     src = src.astype(self.dtype)
@@ -148,7 +146,7 @@ def _wrap(index, size: int):
 
 
 # aten::select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
-@register_lowering(aten.select_scatter.default)
+@lowers(aten.select_scatter.default)
 def select_scatter(ctx, self, src, dim, index):
     # Lowered rather than decomposed: torch's decomposition (a where over an arange mask)
     # promotes self with src (an int64 src made an int32 self int64); the result is self's dtype.
@@ -160,7 +158,7 @@ def select_scatter(ctx, self, src, dim, index):
 
 
 # aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
-@register_lowering(aten.select.int, aten.select_copy.int)
+@lowers(aten.select.int, aten.select_copy.int)
 def select(ctx, self, dim, index):
     dim = _dim(dim, self.ndim)
     index = _wrap(index, self.shape[dim])
@@ -170,7 +168,7 @@ def select(ctx, self, dim, index):
 
 
 # aten::narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)
-@register_lowering(aten.narrow.default)
+@lowers(aten.narrow.default)
 def narrow(ctx, self, dim, start, length):
     dim = _dim(dim, self.ndim)
     start = _wrap(start, self.shape[dim])
@@ -180,7 +178,7 @@ def narrow(ctx, self, dim, start, length):
 
 
 # aten::split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
-@register_lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+@lowers(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
 def split_with_sizes(ctx, self, split_sizes, dim=0):
     dim = _dim(dim, self.ndim)
     offsets = np.cumsum([0, *split_sizes])
@@ -191,7 +189,7 @@ def split_with_sizes(ctx, self, split_sizes, dim=0):
 
 
 # aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
-@register_lowering(aten.split.Tensor, aten.split_copy.Tensor)
+@lowers(aten.split.Tensor, aten.split_copy.Tensor)
 def split(ctx, self, split_size, dim=0):
     dim = _dim(dim, self.ndim)
     n = self.shape[dim]
@@ -200,7 +198,7 @@ def split(ctx, self, split_size, dim=0):
 
 
 # aten::unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
-@register_lowering(aten.unbind.int, aten.unbind_copy.int)
+@lowers(aten.unbind.int, aten.unbind_copy.int)
 def unbind(ctx, self, dim=0):
     dim = _dim(dim, self.ndim)
     return tuple(
@@ -209,7 +207,7 @@ def unbind(ctx, self, dim=0):
 
 
 # aten::cat(Tensor[] tensors, int dim=0) -> Tensor
-@register_lowering(aten.cat.default)
+@lowers(aten.cat.default)
 def cat(ctx, tensors, dim=0):
     dtype = ctx.out_dtype()
     # NOTE: torch skips legacy 1-d empty tensors in cat whatever the other shapes are.
@@ -220,20 +218,20 @@ def cat(ctx, tensors, dim=0):
 
 
 # aten::stack(Tensor[] tensors, int dim=0) -> Tensor
-@register_lowering(aten.stack.default)
+@lowers(aten.stack.default)
 def stack(ctx, tensors, dim=0):
     dtype = ctx.out_dtype()
     return jnp.stack([t.astype(dtype) for t in tensors], axis=_dim(dim, tensors[0].ndim + 1))
 
 
 # aten::flip(Tensor self, int[] dims) -> Tensor
-@register_lowering(aten.flip.default)
+@lowers(aten.flip.default)
 def flip(ctx, self, dims):
     return jnp.flip(self, [_dim(d, self.ndim) for d in dims]) if dims else self
 
 
 # aten::roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
-@register_lowering(aten.roll.default)
+@lowers(aten.roll.default)
 def roll(ctx, self, shifts, dims=()):
     # A shift may be a value read in the program (torch.roll(x, t.item())): jnp.roll takes a
     # traced shift per axis.
@@ -245,13 +243,13 @@ def roll(ctx, self, shifts, dims=()):
 
 
 # aten::repeat(Tensor self, SymInt[] repeats) -> Tensor
-@register_lowering(aten.repeat.default)
+@lowers(aten.repeat.default)
 def repeat(ctx, self, repeats):
     return jnp.tile(self, repeats)
 
 
 # aten::constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
-@register_lowering(aten.constant_pad_nd.default)
+@lowers(aten.constant_pad_nd.default)
 def constant_pad_nd(ctx, self, pad, value=0):
     # torch lists (before, after) pairs from the last dim backwards; negatives crop.
     config = [(0, 0, 0)] * self.ndim
@@ -261,37 +259,37 @@ def constant_pad_nd(ctx, self, pad, value=0):
 
 
 # aten::diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
-@register_lowering(aten.diagonal.default, aten.diagonal_copy.default)
+@lowers(aten.diagonal.default, aten.diagonal_copy.default)
 def diagonal(ctx, self, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(self, offset, _dim(dim1, self.ndim), _dim(dim2, self.ndim))
 
 
 # aten::view_as_real(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten.view_as_real.default)
+@lowers(aten.view_as_real.default)
 def view_as_real(ctx, self):
     return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
 
 
 # aten::view_as_complex(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten.view_as_complex.default)
+@lowers(aten.view_as_complex.default)
 def view_as_complex(ctx, self):
     return lax.complex(self[..., 0], self[..., 1])
 
 
 # aten::real(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten.real.default)
+@lowers(aten.real.default)
 def real(ctx, self):
     return jnp.real(self)
 
 
 # aten::imag(Tensor(a) self) -> Tensor(a)
-@register_lowering(aten.imag.default)
+@lowers(aten.imag.default)
 def imag(ctx, self):
     return jnp.imag(self)
 
 
 # aten::diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor
-@register_lowering(aten.diagonal_scatter.default)
+@lowers(aten.diagonal_scatter.default)
 def diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
     dim1, dim2 = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
     moved = jnp.moveaxis(self, (dim1, dim2), (-2, -1))
@@ -313,7 +311,7 @@ def _strided_index(size, stride, storage_offset):
 
 
 # aten::as_strided(Tensor self, SymInt[] size, SymInt[] stride, SymInt? storage_offset) -> Tensor
-@register_lowering(aten.as_strided.default, aten.as_strided_copy.default)
+@lowers(aten.as_strided.default, aten.as_strided_copy.default)
 def as_strided(ctx, self, size, stride, storage_offset=None):
     # NOTE: strides index the input's contiguous storage (functionalization hands us bases).
     index = _strided_index(size, stride, storage_offset)
@@ -322,7 +320,7 @@ def as_strided(ctx, self, size, stride, storage_offset=None):
 
 # aten::as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride,
 #                          SymInt? storage_offset=None) -> Tensor
-@register_lowering(aten.as_strided_scatter.default)
+@lowers(aten.as_strided_scatter.default)
 def as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
     # NOTE: like as_strided, strides index self's contiguous storage; where the view overlaps
     # itself, one of the overlapping src elements wins (torch leaves that unspecified too).
@@ -338,7 +336,7 @@ def as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
 
 
 # aten::unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)
-@register_lowering(aten.unfold.default)
+@lowers(aten.unfold.default)
 def unfold(ctx, self, dimension, size, step):
     if self.ndim == 0:
         return jnp.reshape(self, (1,))
@@ -351,33 +349,33 @@ def unfold(ctx, self, dimension, size, step):
 
 # Size queries left in graphs with symbolic shapes; the sizes are concrete while tracing.
 # aten::sym_size.int(Tensor self, int dim) -> SymInt
-@register_lowering(aten.sym_size.int)
+@lowers(aten.sym_size.int)
 def sym_size(ctx, self, dim):
     return self.shape[dim]
 
 
 # aten::sym_numel(Tensor self) -> SymInt
-@register_lowering(aten.sym_numel.default)
+@lowers(aten.sym_numel.default)
 def sym_numel(ctx, self):
     return self.size
 
 
 # aten::sym_stride.int(Tensor self, int dim) -> SymInt
-@register_lowering(aten.sym_stride.int)
+@lowers(aten.sym_stride.int)
 def sym_stride(ctx, self, dim):
     strides = np.cumprod((1,) + tuple(reversed(self.shape[1:])))[::-1]
     return int(strides[dim])
 
 
 # aten::sym_storage_offset(Tensor self) -> SymInt
-@register_lowering(aten.sym_storage_offset.default)
+@lowers(aten.sym_storage_offset.default)
 def sym_storage_offset(ctx, self):
     return 0
 
 
 # Scalars read from tensors (.item() under capture_scalar_outputs) and torch's checks on them.
 # aten::_local_scalar_dense(Tensor self) -> Scalar
-@register_lowering(aten._local_scalar_dense.default)
+@lowers(aten._local_scalar_dense.default)
 def local_scalar_dense(ctx, self):
     # The value stays a 0-d array in the program; ops taking it as a Scalar promote it as the
     # number torch sees (arg_metas holds the SymInt/SymFloat). unsupported.REFUSED sends a read
@@ -396,7 +394,7 @@ def local_scalar_dense(ctx, self):
 
 
 # aten::_assert_scalar(Scalar self, str assert_msg) -> ()
-@register_lowering(aten._assert_scalar.default)
+@lowers(aten._assert_scalar.default)
 def assert_scalar(ctx, self, assert_msg):
     # A size assertion (u0 >= 0, s0 <= 12) is concrete here and checked while tracing, once
     # per signature. NOTE: a condition on a value read in the program (.item()) is dropped:
@@ -420,7 +418,7 @@ def _fail_unless(cond, message: str, count: bool = True) -> None:
 
 # aten::_assert_async(Tensor self) -> ()
 # aten::_assert_async.msg(Tensor self, str assert_msg) -> ()
-@register_lowering(aten._assert_async.default, aten._assert_async.msg)
+@lowers(aten._assert_async.default, aten._assert_async.msg)
 def assert_async(ctx, self, assert_msg=ASSERT_ASYNC_DEFAULT):
     # torch._assert_async(cond): a condition on sizes is concrete here and checked while
     # tracing; one on values is checked on the host by a callback once the program has computed
@@ -436,7 +434,7 @@ def assert_async(ctx, self, assert_msg=ASSERT_ASYNC_DEFAULT):
 
 
 # aten::sym_constrain_range(Scalar size, *, int? min=None, int? max=None) -> ()
-@register_lowering(aten.sym_constrain_range.default, aten.sym_constrain_range_for_size.default)
+@lowers(aten.sym_constrain_range.default, aten.sym_constrain_range_for_size.default)
 def sym_constrain_range(ctx, size, *, min=None, max=None):
     # torch._check_is_size / constrain_as_size: range facts for the symbolic-shape solver,
     # nothing to compute.
