@@ -42,7 +42,7 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 def llama(layers: int, hidden: int = 64, **overrides):
     """A transformers Llama with SDPA attention, ``layers`` deep and ``hidden`` wide (random
-    weights, seed 0); tests/test_scan_layers.py builds its models with it too."""
+    weights, seed 0); tests/lowering/test_scan_layers.py builds its models with it too."""
     import transformers
 
     config = transformers.LlamaConfig(

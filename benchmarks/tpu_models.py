@@ -33,7 +33,7 @@ JSON_PATH = os.path.join(ROOT, "benchmarks", "results", "tpu_models.json")
 def suite_cases(slow: bool = False) -> list:
     """Every model case of the suite (the same list as docs/models.md's)."""
     sys.path.insert(0, ROOT)
-    from tests.lowerings import test_flex_attention, test_grouped
+    from tests.lowering import test_flex_attention, test_grouped
     from tests.models import test_diffusers, test_transformers
 
     cases = [*test_transformers.MODELS, *test_diffusers.MODELS]

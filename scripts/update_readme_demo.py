@@ -1,6 +1,6 @@
 """Rewrite the README's demo sample output from a fresh run of ``python -m tpu_inductor.demo``:
-``python scripts/update_readme_demo.py``. tests/test_readme.py fails when the sample's lines and
-the demo's drift apart (the numbers are the machine's, the lines are the demo's)."""
+``python scripts/update_readme_demo.py``. tests/docs/test_readme.py fails when the sample's lines
+and the demo's drift apart (the numbers are the machine's, the lines are the demo's)."""
 
 from __future__ import annotations
 

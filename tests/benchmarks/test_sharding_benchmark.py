@@ -1,7 +1,7 @@
 """Smoke test of ``python -m benchmarks.sharding``: it runs at its smallest settings and reports.
 
-As in tests/test_benchmarks.py, speed is never asserted: the numbers only have to exist, be
-positive and come from training that matches eager. One subprocess per device count (1 and 2),
+As in tests/benchmarks/test_benchmarks.py, speed is never asserted: the numbers only have to exist,
+be positive and come from training that matches eager. One subprocess per device count (1 and 2),
 a tiny Llama, one step per plan, both device counts at once (~25 s).
 """
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.lowerings.operand_matrix import Case, run_cases
+from tests.lowering.operand_matrix import Case, run_cases
 from tpu_inductor.capture import aot as capture
 from tpu_inductor.core.dtypes import tolerance
 

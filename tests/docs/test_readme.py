@@ -5,7 +5,7 @@ and either runs here, on a tiny config, with what its prose claims asserted (eag
 the same block run with ``torch.compile``/``compile_step`` as the identity; the number of
 programs; no graph break; bytes crossing), or has a skip reason in :data:`SKIPS`. A block with
 neither fails :func:`test_every_block_is_run_or_skipped_for_a_reason`, so a new block can't be
-silently untested. The notebooks' cells run in tests/test_notebooks.py.
+silently untested. The notebooks' cells run in tests/examples/test_notebooks.py.
 
 The demo's sample output in the README is written by ``scripts/update_readme_demo.py``;
 :func:`test_readme_demo_sample_has_the_lines_the_demo_prints` fails when the demo's lines and the
@@ -25,7 +25,7 @@ import torch
 import tpu_inductor
 from tests.helpers import assert_same, tiny_llama
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 
@@ -57,12 +57,12 @@ BLOCKS = python_blocks(README.read_text())
 # Blocks that don't run here, and why (data, not silence).
 SKIPS = {
     "Training loop #2": "transformers' Trainer for 1000 steps over a dataset `ds`: the same "
-    "setup runs for a few steps on a tiny Llama in tests/test_training_loops.py",
+    "setup runs for a few steps on a tiny Llama in tests/training/test_training_loops.py",
     "Scale out: a device mesh #1": "needs several devices before JAX starts "
-    "(XLA_FLAGS=--xla_force_host_platform_device_count): tests/sharding_cases.py runs this "
-    "plan on 8 CPU devices in a subprocess (tests/test_sharding.py)",
+    "(XLA_FLAGS=--xla_force_host_platform_device_count): tests/runtime/sharding_cases.py runs this "
+    "plan on 8 CPU devices in a subprocess (tests/runtime/test_sharding.py)",
     "Scale out: a device mesh #2": "jax.distributed.initialize() across the hosts of a TPU pod "
-    "(tests/test_multihost.py runs two processes on one machine)",
+    "(tests/runtime/test_multihost.py runs two processes on one machine)",
     "Compiling for a TPU you don't have #1": "compiles with libtpu for a TPU topology (minutes "
     "on 2 cores): tests/tpu/ (marker tpu_compile) runs it",
     "Planning what fits: `largest_batch` #1": "bisects over libtpu compiles of a training step "

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 CELL_TIMEOUT_S = 300  # per cell; each takes well under 20 s on a 2-core CPU
 

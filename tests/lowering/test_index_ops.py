@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import compiled
-from tests.lowerings.operand_matrix import Case, run_cases
+from tests.lowering.operand_matrix import Case, run_cases
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool)
 OTHER = {  # a source dtype different from the input's

@@ -6,7 +6,7 @@ eager accepts: compiled must accept it too, with eager's dtype, shape and values
 changes of the arguments).
 
 Count (programs eager refuses, per family, that the compiled program refuses), printed by
-``PYTHONPATH=$PWD python -m pytest -q tests/lowerings/test_refusals.py -k count -s``: before
+``PYTHONPATH=$PWD python -m pytest -q tests/lowering/test_refusals.py -k count -s``: before
 (the check switched off; what is refused then is torch's own fake-tensor check, TORCH_REFUSES)
 -> after: dtype agreement 6/15 -> 15/15, index writes 2/7 -> 7/7, in-place castability
 4/8 -> 8/8, dtype support 3/22 -> 22/22.

@@ -20,7 +20,7 @@ import operator
 import pytest
 import torch
 
-from tests.lowerings.operand_matrix import COMPLEX_NONFINITE, Case, run_cases
+from tests.lowering.operand_matrix import COMPLEX_NONFINITE, Case, run_cases
 from tpu_inductor.lowering.lowerings import pointwise, special
 
 aten = torch.ops.aten

@@ -2,7 +2,7 @@
 
 ``splash_attention.SPLASH_ATTENTION = "interpret"`` forces the kernel (``interpret=True``) on any
 device. Every splash case runs forward and backward (with a logsumexp gradient) and is compared
-with the float64 dense reference of ``tests/lowerings/test_flex_attention.py`` and with torch's
+with the float64 dense reference of ``tests/lowering/test_flex_attention.py`` and with torch's
 eager flex forward; the DEBUG log of the lowering says which path each call took. Sizes are the
 smallest splash takes with more than one block per axis (sequence 256 in blocks of 128).
 """
@@ -23,7 +23,7 @@ from torch.nn.attention.flex_attention import (
 )
 
 from tests.helpers import compiled
-from tests.lowerings.test_flex_attention import dense_reference
+from tests.lowering.test_flex_attention import dense_reference
 from tpu_inductor.lowering.lowerings import splash_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -10,7 +10,7 @@ import sys
 
 import tpu_inductor
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
 import_graph = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_graph)

@@ -1,5 +1,6 @@
-"""Run by tests/test_live_arrays.py in a process with 4 CPU devices: two small Llamas trained
-under a dp and an fsdp mesh, deleted; prints what ``jax.live_arrays()`` still holds as JSON."""
+"""Run by tests/runtime/test_live_arrays.py in a process with 4 CPU devices: two small Llamas
+trained under a dp and an fsdp mesh, deleted; prints what ``jax.live_arrays()`` still holds as
+JSON."""
 
 from __future__ import annotations
 

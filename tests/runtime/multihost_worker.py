@@ -1,6 +1,6 @@
-"""One process of a multi-controller run, launched by ``tests/test_multihost.py``.
+"""One process of a multi-controller run, launched by ``tests/runtime/test_multihost.py``.
 
-``python tests/multihost_worker.py --process-id I --num-processes N --port P --devices D
+``python tests/runtime/multihost_worker.py --process-id I --num-processes N --port P --devices D
 --shardings dp --steps S`` starts JAX's distributed runtime (coordinator ``127.0.0.1:P``, the
 process with id 0 hosts it), builds a global mesh over all N * D CPU devices, trains the tiny
 Llama of ``tests.helpers.tiny_llama`` for S steps (compiled forward and backward, compiled AdamW
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     # Before JAX's backends start (they read XLA_FLAGS once).
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
     import jax
 
     jax.config.update("jax_platforms", "cpu")

@@ -1,4 +1,4 @@
-"""Sharded training on 8 CPU devices, run by tests/test_sharding.py in a process of its own.
+"""Sharded training on 8 CPU devices, run by tests/runtime/test_sharding.py in a process of its own.
 
 JAX reads ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` when its backend starts, so
 these tests need a fresh process; the file name keeps pytest from collecting it with the rest.

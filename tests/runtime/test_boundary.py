@@ -1,5 +1,6 @@
-"""The torch <-> JAX boundary: dtypes, layouts, odd inputs, aliasing, mutation, weight
-residency, randomness and the executable cache. Each test compares with CPU eager."""
+"""The torch <-> JAX boundary: dtypes, layouts, odd inputs (a meta-device input is named before
+JAX sees it), aliasing, mutation, weight residency, randomness and the executable cache.
+Each test compares with CPU eager."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests.helpers import assert_same, check_fn, compiled
+from tpu_inductor.core.errors import UnsupportedInputError
 from tpu_inductor.runtime import cache
 
 # --- dtypes ---------------------------------------------------------------------------------------
@@ -99,6 +101,28 @@ def test_sizes_as_symints_from_input_shapes():
         return x.view(x.shape[0] * x.shape[1], -1).sum(0) + x.size(2)
 
     check_fn(fn, torch.randn(2, 3, 4))
+
+
+def test_meta_input_is_a_clear_error_before_jax(monkeypatch):
+    import tpu_inductor.dynamo.backend as backend
+
+    def no_compile(*a, **k):
+        raise AssertionError("a meta input reached compile_graph")
+
+    monkeypatch.setattr(backend, "compile_graph", no_compile)
+    model = torch.nn.Linear(4, 4, device="meta")
+    with pytest.raises(UnsupportedInputError) as info:
+        torch.compile(model, backend="tpu")(torch.randn(2, 4, device="meta"))
+    msg = str(info.value)
+    assert "['weight']: float32[4, 4] on device 'meta'" in msg
+    assert "['bias']: float32[4] on device 'meta'" in msg
+    assert "to_empty(device='cpu')" in msg
+    assert "Cannot copy out of meta tensor" not in msg
+
+
+def test_meta_input_among_cpu_inputs_names_it():
+    with pytest.raises(UnsupportedInputError, match=r"L\['y'\]: float32\[3\] on device 'meta'"):
+        compiled(lambda x, y: (x * 2, y + 1))(torch.randn(3), torch.randn(3, device="meta"))
 
 
 # --- aliasing and mutation ------------------------------------------------------------------------

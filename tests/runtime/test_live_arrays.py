@@ -1,6 +1,6 @@
 """No device array outlives its model: two small Llamas trained under a dp and an fsdp mesh (4
-CPU devices, in a subprocess as tests/test_sharding.py does), deleted, ``gc.collect()`` and
-``torch._dynamo.reset()``; then count ``jax.live_arrays()`` (tests/live_arrays_case.py).
+CPU devices, in a subprocess as tests/runtime/test_sharding.py does), deleted, ``gc.collect()`` and
+``torch._dynamo.reset()``; then count ``jax.live_arrays()`` (tests/runtime/live_arrays_case.py).
 
 Before the fix 28 arrays stayed (36 in the issue's run), among them logits- ([4, 16, 128]) and
 attention-shaped ([4, 2, 16, 8]) zeros: the zero tangents ``residency.device_zeros`` cached in
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(mode: str) -> dict:
@@ -29,7 +29,7 @@ def _run(mode: str) -> dict:
         "JAX_PLATFORMS": "cpu",
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
-    cmd = [sys.executable, str(ROOT / "tests" / "live_arrays_case.py"), mode]
+    cmd = [sys.executable, str(ROOT / "tests" / "runtime" / "live_arrays_case.py"), mode]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -67,7 +67,7 @@ def test_reset_frees_executables():
     """``tpu_inductor.reset()`` frees our executables although Dynamo's ``__compiled_fn_*``
     globals (here in this test module) keep the graphs alive, and so does
     ``torch._dynamo.reset()`` for those our in-memory cache no longer holds (it keeps the
-    others for an identical graph handed over again: tests/test_runtime.py). Before, every
+    others for an identical graph handed over again: tests/runtime/test_boundary.py). Before, every
     graph of a pytest process stayed compiled: XLA:CPU's JIT code is ~35 memory maps per
     executable, and the default test run reached Linux's 65,530-map limit and segfaulted in
     XLA's next compile (CI, exit 139 at 99%). The graphs still run after the reset, rebuilt

@@ -1,6 +1,6 @@
 """Multi-controller SPMD: two processes on this machine train one model over one global mesh.
 
-``tests/multihost_worker.py`` is started twice (process ids 0 and 1, 2 CPU devices each, a
+``tests/runtime/multihost_worker.py`` is started twice (process ids 0 and 1, 2 CPU devices each, a
 4-device global mesh), joined by ``jax.distributed.initialize`` over a local coordinator port;
 both train the tiny Llama with ``shardings="dp"`` and then ``"fsdp"``, and must reach the losses
 of a single-process eager run. The test skips when the distributed runtime cannot start here
@@ -29,7 +29,7 @@ README text ("Scale out", multi-host subsection):
     multi-controller rule), and reading only small outputs (the loss) keeps them cheap. On CPU
     the cross-process collectives use gloo (JAX's default). Not yet: per-host input pipelines
     (each host loading only its slice of the batch), and ``keep_on_device`` reads of arrays
-    sharded across hosts. ``tests/test_multihost.py`` runs two processes on one machine.
+    sharded across hosts. ``tests/runtime/test_multihost.py`` runs two processes on one machine.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ import pytest
 import torch
 
 from tests.helpers import tiny_llama
-from tests.multihost_worker import batch
+from tests.runtime.multihost_worker import batch
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "multihost_worker.py"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "runtime" / "multihost_worker.py"
 PROCESSES, DEVICES, STEPS = 2, 2, 3
 PRESETS = ("dp", "fsdp")
 TIMEOUT_S = 120

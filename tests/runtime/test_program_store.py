@@ -2,7 +2,7 @@
 previous process compiled, without AOTAutograd, lowering or XLA (its persistent cache answers),
 with the same losses to the bit; saved files that can't be trusted are set aside with one
 warning and compiled again; two processes can share the folder; nothing loaded from it is a
-pickle. Each run is a new process (tests/warm_start_case.py)."""
+pickle. Each run is a new process (tests/runtime/warm_start_case.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ import pytest
 
 pytest.importorskip("transformers")
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CASE = pathlib.Path(__file__).parent / "warm_start_case.py"
 WARNING = "tpu-inductor: ignoring the saved program "
 
 
 def _start(path: str, cache_dir, *flags: str, pythonpath=ROOT) -> subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(pythonpath)}
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "warm_start_case.py"), path, str(cache_dir), *flags],
+        [sys.executable, str(CASE), path, str(cache_dir), *flags],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

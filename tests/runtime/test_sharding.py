@@ -2,7 +2,7 @@
 
 The training checks need 8 JAX CPU devices, which JAX creates only when
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` is set before its backend starts, so
-``test_sharded_training_on_8_devices`` runs tests/sharding_cases.py in a process of its own.
+``test_sharded_training_on_8_devices`` runs tests/runtime/sharding_cases.py in a process of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 import tpu_inductor
 from tpu_inductor.runtime.sharding import module_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compile(**options):
@@ -100,7 +100,7 @@ def test_one_device_mesh_trains_like_eager(plan):
 
 def test_sharded_training_on_8_devices():
     """dp, fsdp, tp and a dict plan train a transformers Llama like eager; fsdp/tp split the
-    parameters across devices; bad plans list every problem (tests/sharding_cases.py)."""
+    parameters across devices; bad plans list every problem (tests/runtime/sharding_cases.py)."""
     pytest.importorskip("transformers")
     env = {
         **os.environ,
@@ -114,7 +114,7 @@ def test_sharded_training_on_8_devices():
         "-q",
         "-p",
         "no:cacheprovider",
-        "tests/sharding_cases.py",
+        "tests/runtime/sharding_cases.py",
     ]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = (run.stdout + run.stderr)[-4000:]

@@ -1,9 +1,9 @@
-"""One process of a warm-start run, launched by ``tests/test_program_store.py``.
+"""One process of a warm-start run, launched by ``tests/runtime/test_program_store.py``.
 
-``python tests/warm_start_case.py PATH CACHE_DIR [--scan]`` trains a tiny Llama two steps on the
-path ``PATH`` (``step``: ``compile_step``; ``split``: compiled model, ``loss.backward()``, compiled
-``opt.step()``; ``infer``: an inference forward; ``mlp``: a small MLP's inference forward, with
-no transformers import), with ``cache_dir=CACHE_DIR``, and prints one
+``python tests/runtime/warm_start_case.py PATH CACHE_DIR [--scan]`` trains a tiny Llama two steps on
+the path ``PATH`` (``step``: ``compile_step``; ``split``: compiled model, ``loss.backward()``,
+compiled ``opt.step()``; ``infer``: an inference forward; ``mlp``: a small MLP's inference forward,
+with no transformers import), with ``cache_dir=CACHE_DIR``, and prints one
 line ``RESULT {...}``: the losses (as exact reprs), how many saved graphs were loaded, the
 report's seconds by stage, JAX's persistent-cache hits, every file opened under ``CACHE_DIR``
 and every class an unpickler looked up while the compiled code ran (``sys.addaudithook``).

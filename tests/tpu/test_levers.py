@@ -18,6 +18,8 @@ import tpu_inductor
 from tpu_inductor.lowering.lowerings import linalg
 from tpu_inductor.tpu import programs
 
+pytestmark = pytest.mark.tpu_compile
+
 
 class _Attention(torch.nn.Module):
     """Q, K, V projections viewed as heads and transposed, SDPA, the output projection: what

@@ -40,8 +40,8 @@ def decomposition_table() -> dict:
 aten = torch.ops.aten
 
 # Decompositions whose result dtype is not the one torch's own kernel gives, found by
-# tests/test_decompositions.py (every decomposition against eager on OpInfo samples and their
-# mixed-dtype variants). Output k is cast to the dtype of the first tensor argument among the
+# tests/capture/test_decompositions.py (every decomposition against eager on OpInfo samples and
+# their mixed-dtype variants). Output k is cast to the dtype of the first tensor argument among the
 # positions RESULT_DTYPES[op][k]: a bfloat16 input with a float32 target keeps huber_loss in
 # bfloat16, where the decomposition promotes. An op whose dtype rule is not "one input's" is
 # lowered instead (select_scatter, ldexp).

@@ -423,18 +423,19 @@ def _on_dynamo_reset() -> None:
     puts in the module of each compiled frame (``transformers.utils.deprecation`` for a
     transformers model's ``forward``, ``torch.optim.adam`` for a compiled ``opt.step``) stays,
     holding AOTAutograd's functions and so our graphs. What a graph caches is dropped here: its
-    device arrays (zero tangents), so deleted models leave none behind (tests/test_live_arrays.py),
-    and its executables unless our in-memory cache still holds them for an identical graph
-    (tests/test_runtime.py), since their JIT code maps would otherwise add up to Linux's
-    per-process map limit (tests/test_live_arrays.py::test_reset_frees_executables); each is
-    rebuilt if an old graph runs again.
+    device arrays (zero tangents), so deleted models leave none behind
+    (tests/runtime/test_live_arrays.py), and its executables unless our in-memory cache still holds
+    them for an identical graph (tests/runtime/test_boundary.py), since their JIT code maps would
+    otherwise add up to Linux's per-process map limit
+    (tests/runtime/test_live_arrays.py::test_reset_frees_executables); each is rebuilt if an old
+    graph runs again.
     """
     for graph in list(cache.COMPILED):
         graph.release_caches(executables=not cache.is_cached(graph.exes))
     # Tensors Dynamo's leftover globals keep alive (a compiled opt.step's optimizer state) would
     # keep their device copies too: a copy of a host-current tensor is only a cache, so it goes
     # (crossing again on next use); a keep_on_device value pending on the device stays (it
-    # would be synced to the host first anyway: tests/test_keep_on_device.py).
+    # would be synced to the host first anyway: tests/runtime/test_keep_on_device.py).
     residency.VALUES.forget_copies(device_owned.pending_array_ids())
 
 

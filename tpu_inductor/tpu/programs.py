@@ -282,7 +282,7 @@ def tensor_key(t) -> int:
     tensors at different times. The optimizer's moments, made after the backward ran, took the
     ids of the backward's freed saved-activation placeholders, so the report counted them as
     the backward's arguments and left them out of its step peak: 17.6 instead of 25.6 MiB
-    beside it, depending on what ran before in the process (tests/test_targets.py).
+    beside it, depending on what ran before in the process (tests/tpu/test_targets.py).
     """
     i = id(t)
     entry = _KEYS.get(i)
