@@ -15,6 +15,7 @@ import torch._decomp
 from torch._decomp import core_aten_decompositions
 
 from tpu_inductor.capture import foreach, saved
+from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.lowering import custom_ops, leading_dims
 
 
@@ -243,7 +244,7 @@ def passes_through(lowered, n_inputs: int) -> bool:
     )
 
 
-def runtime_convention(kind: str, lowered, n_inputs: int) -> dict | str:
+def runtime_convention(kind: GraphKind, lowered, n_inputs: int) -> dict | str:
     # n_inputs: the Dynamo graph's inputs and the module parameters AOTAutograd lifts
     """How the graph being compiled is called without AOTAutograd's runtime wrapper (a program
     saved in ``cache_dir``, runtime/program_store.py), or why it cannot be.
@@ -281,7 +282,7 @@ def runtime_convention(kind: str, lowered, n_inputs: int) -> dict | str:
         )
     ):
         return "AOTAutograd's wrapper has work to do (tokens, views, subclasses or RNG state)"
-    if kind == "inference":
+    if kind is GraphKind.INFERENCE:
         if meta.num_mutated_inp_runtime_indices:
             return "it updates inputs outside the program"
         return {"kind": "inference", "bumped": sorted(bumped_mutation_inputs(n_inputs))}
