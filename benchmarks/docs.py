@@ -2,7 +2,7 @@
 from the committed results: ``python -m benchmarks.docs``.
 
 Each block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` and names the command
-and date of the run it shows; tests/test_docs.py fails when a block differs from what
+and date of the run it shows; tests/docs/test_docs.py fails when a block differs from what
 :func:`blocks` renders, so the page's figures are never typed by hand. A benchmark run writes
 to ``benchmarks/results/local/``; ``--results benchmarks/results`` replaces the committed files
 this reads.

@@ -352,8 +352,8 @@ def markdown(rows: list[Row]) -> str:
         "  bucket). `.item()` of a tensor's values that becomes a size runs in eager, named with",
         "  its line: XLA needs sizes before the program runs.",
         "",
-        "Tests: `tests/test_dynamic_models.py` (`test_symbolic_scalar_arithmetic_is_lowered`,",
-        "`test_item_of_a_size_becomes_a_size`,",
+        "Tests: `tests/models/test_dynamic_models.py`",
+        "(`test_symbolic_scalar_arithmetic_is_lowered`, `test_item_of_a_size_becomes_a_size`,",
         "`test_assert_async_is_checked_not_reported_missing`).",
     ]
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ float32; weights in torch's ``[out, in]`` layout. The training step is ``value_a
 AdamW of ``benchmarks.hand_llama``, one jitted program with parameters and optimizer state
 donated.
 
-``tests/test_tpu_programs.py`` checks it against the transformers model on CPU: logits, loss,
+``tests/tpu/test_tpu_programs.py`` checks it against the transformers model on CPU: logits, loss,
 every gradient and every parameter after a step, from the same weights.
 """
 

@@ -10,7 +10,7 @@ the loss in float32 as HF's ``ForCausalLMLoss``, and torch's AdamW update (decou
 bias corrections from a float32 step count). A training step is ONE jitted function
 (``value_and_grad`` + AdamW) whose parameters and optimizer state are donated.
 
-``tests/test_tpu_programs.py`` checks it against the transformers model on CPU: logits, loss,
+``tests/tpu/test_tpu_programs.py`` checks it against the transformers model on CPU: logits, loss,
 gradients and parameters after a step, from the same weights.
 """
 

@@ -16,7 +16,7 @@ normalizes with the running statistics. The training step is ONE jitted program 
 backward, the AdamW of ``benchmarks.hand_llama``, the running-statistics update) with parameters,
 optimizer state and running statistics donated.
 
-``tests/test_tpu_programs.py`` checks it against the timm model on CPU: logits, loss, every
+``tests/tpu/test_tpu_programs.py`` checks it against the timm model on CPU: logits, loss, every
 gradient, every parameter after an AdamW step and every running statistic.
 """
 

@@ -9,7 +9,7 @@ a linear classifier on the class token and a cross-entropy loss; weights in torc
 The training step is ``value_and_grad`` + the AdamW of ``benchmarks.hand_llama``, one jitted
 program with parameters and optimizer state donated.
 
-``tests/test_tpu_programs.py`` checks it against the transformers model on CPU.
+``tests/tpu/test_tpu_programs.py`` checks it against the transformers model on CPU.
 """
 
 from __future__ import annotations

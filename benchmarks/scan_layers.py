@@ -41,7 +41,7 @@ from benchmarks.suite import machine_info, write_record
 
 def llama(layers: int, hidden: int = 64, **overrides):
     """A transformers Llama with SDPA attention, ``layers`` deep and ``hidden`` wide (random
-    weights, seed 0); tests/test_scan_layers.py builds its models with it too."""
+    weights, seed 0); tests/lowering/test_scan_layers.py builds its models with it too."""
     import transformers
 
     config = transformers.LlamaConfig(

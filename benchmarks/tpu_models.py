@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def suite_cases(slow: bool = False) -> list:
     """Every model case of the suite (the same list as docs/models.md's)."""
     sys.path.insert(0, ROOT)
-    from tests.lowerings import test_flex_attention, test_grouped
+    from tests.lowering import test_flex_attention, test_grouped
     from tests.models import test_diffusers, test_transformers
 
     cases = [*test_transformers.MODELS, *test_diffusers.MODELS]

@@ -1,5 +1,5 @@
-"""Clear the outputs of examples/*.ipynb in place (what tests/test_notebooks.py asks before a
-commit), with nbformat, which the test extra installs: ``python scripts/clear_notebooks.py``.
+"""Clear the outputs of examples/*.ipynb in place (what tests/examples/test_notebooks.py asks before
+a commit), with nbformat, which the test extra installs: ``python scripts/clear_notebooks.py``.
 (``jupyter nbconvert --clear-output`` does the same where nbconvert is installed.)"""
 
 from __future__ import annotations

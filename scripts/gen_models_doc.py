@@ -1,8 +1,8 @@
 """Write docs/models.md: every real model of the test suite, compiled against CPU eager.
 
 The model list is the suite's own (``MODELS`` in ``tests/models/test_transformers.py`` and
-``tests/models/test_diffusers.py``, ``model_cases()`` of ``tests/lowerings/test_grouped.py`` and
-``tests/lowerings/test_flex_attention.py``, plus the generation models of
+``tests/models/test_diffusers.py``, ``model_cases()`` of ``tests/lowering/test_grouped.py`` and
+``tests/lowering/test_flex_attention.py``, plus the generation models of
 ``tests/models/test_generation.py``), so the report and the tests can't disagree about what is
 covered. For each model it records the Dynamo graphs and graph breaks, the backend's compiled
 graphs, the ops that fell back to torch eager, the first-call (compile) time, the steady-state time
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import torch  # noqa: E402
 
-from tests.lowerings import test_flex_attention, test_grouped  # noqa: E402
+from tests.lowering import test_flex_attention, test_grouped  # noqa: E402
 from tests.models import test_diffusers, test_generation, test_transformers  # noqa: E402
 from tests.models.harness import ModelCase, compare, run_forward, run_training  # noqa: E402
 

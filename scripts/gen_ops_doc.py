@@ -325,7 +325,7 @@ def all_samples_section() -> list[str]:
         out += ["None: every sample that ran either matched eager or raised a clear error."]
     out += [
         "",
-        "Outside OpInfo, the scalar-operand matrix (`tests/lowerings/test_scalar_operands.py`, "
+        "Outside OpInfo, the scalar-operand matrix (`tests/lowering/test_scalar_operands.py`, "
         "every pointwise binary and ternary op with Python and 0-d operands on either side, "
         "every dtype) knows one class of silent mismatch, kept apart by the test: **complex "
         "results with an infinite or NaN part** (`(inf + 1j) * True`, `(x + nan j) ** 0`, "

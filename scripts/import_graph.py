@@ -4,7 +4,7 @@ Reads every ``.py`` file under tpu_inductor/, benchmarks/, tests/, scripts/ and 
 (nothing is imported), collects each ``import`` of a module of the repository, at the top of a file
 or inside a function alike (a lazy import is still a dependency), and prints the import circles
 (strongly connected components of more than one module), the imports that run uphill between
-tpu_inductor's stages (``STAGES``) and the source files over 800 lines. tests/test_layout.py
+tpu_inductor's stages (``STAGES``) and the source files over 800 lines. tests/package/test_layout.py
 asserts all three lists are empty.
 """
 

@@ -3,8 +3,8 @@
 The block between ``<!-- coverage:start -->`` and ``<!-- coverage:end -->`` is the headline of
 docs/ops.md (``scripts/gen_ops_doc.py``), the headline of docs/models.md
 (``scripts/gen_models_doc.py``) and the summary of ``benchmarks/results/tpu_models.json``
-(``python -m benchmarks.tpu_models``), copied as they are. ``tests/test_docs.py`` fails when the
-README's block differs from what this would write.
+(``python -m benchmarks.tpu_models``), copied as they are. ``tests/docs/test_docs.py`` fails when
+the README's block differs from what this would write.
 
 Usage: ``python scripts/update_readme_coverage.py`` (``--check`` only compares).
 """

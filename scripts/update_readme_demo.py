@@ -4,7 +4,7 @@
 The sample sits between ``<!-- demo:start -->`` and ``<!-- demo:end -->`` and names the command,
 the machine's CPUs and load, and the date. When the demo itself calls its timing unreliable (a
 loaded machine), the sample leaves out the faster/slower verdict, which a reader could not
-reproduce. tests/test_readme.py fails when the sample's lines and the demo's drift apart (the
+reproduce. tests/docs/test_readme.py fails when the sample's lines and the demo's drift apart (the
 numbers are the machine's, the lines are the demo's).
 """
 

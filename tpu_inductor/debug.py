@@ -24,6 +24,7 @@ from torch.fx.node import map_arg
 from tpu_inductor.capture.aot import decomposition_table
 from tpu_inductor.core.boundary import tensor_to_jax
 from tpu_inductor.core.dtypes import tolerance
+from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.lowering.lower import PRECISIONS, _meta_of, describe_node, user_frame
 from tpu_inductor.lowering.lowerings import LOWERINGS, LoweringContext
 
@@ -72,9 +73,9 @@ def capture_graphs(fn: Callable, args: tuple, kwargs: dict, grads: bool) -> list
         return compiler
 
     backend = aot_autograd(
-        fw_compiler=recorder("forward"),
-        bw_compiler=recorder("backward"),
-        inference_compiler=recorder("inference"),
+        fw_compiler=recorder(GraphKind.FORWARD),
+        bw_compiler=recorder(GraphKind.BACKWARD),
+        inference_compiler=recorder(GraphKind.INFERENCE),
         decompositions=decomposition_table(),
     )
     torch._dynamo.reset()
@@ -130,7 +131,9 @@ def find_divergence(
     return None
 
 
-def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Divergence | None:
+def _first_divergence(
+    kind: GraphKind, gm: fx.GraphModule, inputs: list, atol, rtol
+) -> Divergence | None:
 
     device = jax.devices("cpu")[0]
     precision = PRECISIONS[torch.get_float32_matmul_precision()]
@@ -167,7 +170,7 @@ def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Div
                 got = lowering(ctx, to_jax(args), {k: to_jax(v) for k, v in kwargs.items()})
             except Exception as e:  # a lowering that raises is itself the divergence
                 return Divergence(
-                    kind,
+                    kind.value,
                     describe_node(node),
                     user_frame(node),
                     f"the lowering raised {type(e).__name__}: {e}",
@@ -175,7 +178,7 @@ def _first_divergence(kind, gm: fx.GraphModule, inputs: list, atol, rtol) -> Div
                 )
             problem = _compare(env[node], got, atol, rtol)
             if problem is not None:
-                return Divergence(kind, describe_node(node), user_frame(node), *problem)
+                return Divergence(kind.value, describe_node(node), user_frame(node), *problem)
     return None
 
 

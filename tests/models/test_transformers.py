@@ -350,7 +350,7 @@ MODELS: list[ModelCase] = [
     # "batched_mm" gathers each token's expert weights: static shapes, one graph. The default
     # "grouped_mm" sorts tokens by expert and calls a transformers custom op
     # (transformers::grouped_mm_fallback), lowered to a ragged matmul;
-    # tests/lowerings/test_grouped.py runs every MoE model through it.
+    # tests/lowering/test_grouped.py runs every MoE model through it.
     T(
         "mixtral",
         hf_lm(

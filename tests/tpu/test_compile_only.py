@@ -17,6 +17,8 @@ from tests.helpers import tiny_llama
 from tpu_inductor.core.errors import TargetCompileError
 from tpu_inductor.tpu import programs
 
+pytestmark = pytest.mark.tpu_compile
+
 BATCH, SEQ = 2, 16
 
 

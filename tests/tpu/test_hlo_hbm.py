@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import SingleDeviceSharding
 
 from tpu_inductor.tpu import hlo
 from tpu_inductor.tpu.targets import tpu_target
+
+pytestmark = pytest.mark.tpu_compile
 
 
 def _compiled(fn, *shapes, dtype=jnp.float32):

@@ -18,6 +18,8 @@ import tpu_inductor
 from tests.helpers import set_knobs
 from tpu_inductor.tpu import programs
 
+pytestmark = pytest.mark.tpu_compile
+
 
 class _Attention(torch.nn.Module):
     """Q, K, V projections viewed as heads and transposed, SDPA, the output projection: what

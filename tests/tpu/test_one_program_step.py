@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import tpu_inductor
 from tests.helpers import lm_train_step, tiny_llama
+
+pytestmark = pytest.mark.tpu_compile
 
 
 def test_compile_step_is_one_program_with_donated_state():

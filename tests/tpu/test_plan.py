@@ -18,6 +18,8 @@ from tests.helpers import lm_train_step, tiny_llama
 from tpu_inductor.core.errors import TargetCompileError
 from tpu_inductor.tpu import programs
 
+pytestmark = pytest.mark.tpu_compile
+
 HIDDEN = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
 
 

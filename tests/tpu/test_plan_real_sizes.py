@@ -13,6 +13,8 @@ pytest.importorskip("transformers")
 from benchmarks import plan_real_sizes as prs  # noqa: E402
 from tpu_inductor.tpu import targets
 
+pytestmark = pytest.mark.tpu_compile
+
 TINY = dict(
     prs.LLAMA_3_1_8B,
     hidden_size=128,

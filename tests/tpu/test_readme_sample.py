@@ -12,6 +12,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.tpu_compile
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -54,7 +58,8 @@ def differences(expected: str, actual: str, rel: float = 0.02) -> list[str]:
 def test_readme_sample_matches_what_the_example_prints():
     """In a process of its own, as a user runs it. (In this test process, after other tests'
     compiles, the step's resident bytes once came out 17.6 instead of 25.6 MiB: the report named
-    tensors by ``id``, which CPython reuses; now ``programs.tensor_key``, tests/test_targets.py.)"""
+    tensors by ``id``, which CPython reuses; now ``programs.tensor_key``,
+    tests/tpu/test_targets.py.)"""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples/compile_for_tpu.py"), "--readme-sample"],

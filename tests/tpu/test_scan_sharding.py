@@ -13,11 +13,14 @@ import math
 import re
 
 import jax.numpy as jnp
+import pytest
 import torch
 
 import tpu_inductor
 from tests.helpers import lm_train_step, tiny_llama
 from tpu_inductor.tpu import programs
+
+pytestmark = pytest.mark.tpu_compile
 
 TARGET = "v5e:2x2"
 LAYERS = 3

@@ -18,10 +18,12 @@ from jax.experimental import pallas as pl
 
 import tpu_inductor
 from tests.helpers import tiny_llama
-from tests.lowerings import test_flex_attention, test_grouped
+from tests.lowering import test_flex_attention, test_grouped
 from tests.models import test_diffusers, test_transformers
 from tests.models.harness import run_target
 from tpu_inductor.tpu import programs
+
+pytestmark = pytest.mark.tpu_compile
 
 TARGETS = ("v5e", "v6e")
 # family -> (suite model, train): encoder, decoder (MHA, GQA), MoE, seq2seq, ViT, CNN, audio,

@@ -16,6 +16,7 @@ from torch._decomp import core_aten_decompositions
 
 from tpu_inductor.capture import foreach, saved
 from tpu_inductor.core import config
+from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.lowering import custom_ops, leading_dims
 
 
@@ -41,8 +42,8 @@ def decomposition_table() -> dict:
 aten = torch.ops.aten
 
 # Decompositions whose result dtype is not the one torch's own kernel gives, found by
-# tests/test_decompositions.py (every decomposition against eager on OpInfo samples and their
-# mixed-dtype variants). Output k is cast to the dtype of the first tensor argument among the
+# tests/capture/test_decompositions.py (every decomposition against eager on OpInfo samples and
+# their mixed-dtype variants). Output k is cast to the dtype of the first tensor argument among the
 # positions RESULT_DTYPES[op][k]: a bfloat16 input with a float32 target keeps huber_loss in
 # bfloat16, where the decomposition promotes. An op whose dtype rule is not "one input's" is
 # lowered instead (select_scatter, ldexp).
@@ -232,7 +233,7 @@ def passes_through(lowered, n_inputs: int) -> bool:
     )
 
 
-def runtime_convention(kind: str, lowered, n_inputs: int) -> dict | str:
+def runtime_convention(kind: GraphKind, lowered, n_inputs: int) -> dict | str:
     # n_inputs: the Dynamo graph's inputs and the module parameters AOTAutograd lifts
     """How the graph being compiled is called without AOTAutograd's runtime wrapper (a program
     saved in ``cache_dir``, runtime/program_store.py), or why it cannot be.
@@ -270,7 +271,7 @@ def runtime_convention(kind: str, lowered, n_inputs: int) -> dict | str:
         )
     ):
         return "AOTAutograd's wrapper has work to do (tokens, views, subclasses or RNG state)"
-    if kind == "inference":
+    if kind is GraphKind.INFERENCE:
         if meta.num_mutated_inp_runtime_indices:
             return "it updates inputs outside the program"
         return {"kind": "inference", "bumped": sorted(bumped_mutation_inputs(n_inputs))}

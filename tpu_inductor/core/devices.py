@@ -13,6 +13,7 @@ import os
 import jax
 
 from tpu_inductor.core.errors import InvalidOptionError
+from tpu_inductor.core.graph_kind import GraphKind
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.core.devices"
 
@@ -112,10 +113,9 @@ CPU_INFERENCE_OPTIONS = {
 _rejected_options: set[str] = set()
 
 
-def compiler_options(platform: str, kind: str) -> dict:
-    """XLA compiler options for one executable: ``kind`` is the graph's kind (``"inference"``,
-    ``"forward"``, ``"backward"``, with an ``-island`` suffix for fallback pieces)."""
-    if platform != "cpu" or not kind.startswith("inference"):
+def compiler_options(platform: str, kind: GraphKind) -> dict:
+    """XLA compiler options for one executable of a graph of ``kind`` (an island's too)."""
+    if platform != "cpu" or kind is not GraphKind.INFERENCE:
         return {}
     return {k: v for k, v in CPU_INFERENCE_OPTIONS.items() if k not in _rejected_options}
 

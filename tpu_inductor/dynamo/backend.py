@@ -30,6 +30,7 @@ from tpu_inductor.core import config, hints, stages, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
 from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
 from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
+from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.core.stages import FrameStages
 from tpu_inductor.dynamo import breaks, optimizers, regions
 from tpu_inductor.dynamo.options import (
@@ -432,18 +433,19 @@ def _on_dynamo_reset() -> None:
     puts in the module of each compiled frame (``transformers.utils.deprecation`` for a
     transformers model's ``forward``, ``torch.optim.adam`` for a compiled ``opt.step``) stays,
     holding AOTAutograd's functions and so our graphs. What a graph caches is dropped here: its
-    device arrays (zero tangents), so deleted models leave none behind (tests/test_live_arrays.py),
-    and its executables unless our in-memory cache still holds them for an identical graph
-    (tests/test_runtime.py), since their JIT code maps would otherwise add up to Linux's
-    per-process map limit (tests/test_live_arrays.py::test_reset_frees_executables); each is
-    rebuilt if an old graph runs again.
+    device arrays (zero tangents), so deleted models leave none behind
+    (tests/runtime/test_live_arrays.py), and its executables unless our in-memory cache still holds
+    them for an identical graph (tests/runtime/test_boundary.py), since their JIT code maps would
+    otherwise add up to Linux's per-process map limit
+    (tests/runtime/test_live_arrays.py::test_reset_frees_executables); each is rebuilt if an old
+    graph runs again.
     """
     for graph in list(cache.COMPILED):
         graph.release_caches(executables=not cache.is_cached(graph.exes))
     # Tensors Dynamo's leftover globals keep alive (a compiled opt.step's optimizer state) would
     # keep their device copies too: a copy of a host-current tensor is only a cache, so it goes
     # (crossing again on next use); a keep_on_device value pending on the device stays (it
-    # would be synced to the host first anyway: tests/test_keep_on_device.py).
+    # would be synced to the host first anyway: tests/runtime/test_keep_on_device.py).
     residency.VALUES.forget_copies(device_owned.pending_array_ids())
 
 
@@ -520,27 +522,27 @@ def _aot_backend(
     # AOTAutograd puts the Dynamo graph's own parameters and buffers first (an optimizer step's)
     lifted = len(program_store.lifted_inputs(dynamo_gm)) if dynamo_gm is not None else 0
 
-    def compiler(kind: str):
+    def compiler(kind: GraphKind):
         def compile_fn(gm: fx.GraphModule, example_inputs: Sequence[Any]):
-            static = capture.static_input_positions() if kind != "backward" else ()
+            static = capture.static_input_positions() if kind is not GraphKind.BACKWARD else ()
             compiled = compile_graph(gm, opts, device, kind=kind, static_positions=static)
             inner = getattr(compiled, "compiled", compiled)  # a PaddedGraph wraps one
             exes = getattr(inner, "exes", None)
             if built is not None:
                 built.extend([exes] if exes is not None else getattr(compiled, "island_exes", []))
-            if kind != "backward" and frame is not None and exes is not None:
+            if kind is not GraphKind.BACKWARD and frame is not None and exes is not None:
                 hints.attach(frame, exes)
                 n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
                 if n >= len(frame.names):  # effect tokens come first
                     exes.stats.input_names = [None] * (n - len(frame.names)) + frame.names
-            if kind == "forward":
+            if kind is GraphKind.FORWARD:
                 capture.never_donate_backward_buffers()
                 if isinstance(compiled, CompiledGraph):
                     forward.append(compiled)
-            if kind == "backward" and isinstance(compiled, CompiledGraph) and forward:
+            if kind is GraphKind.BACKWARD and isinstance(compiled, CompiledGraph) and forward:
                 compiled.forward = forward[-1]  # a lazy forward makes its backward lazy
             if (
-                kind == "inference"
+                kind is GraphKind.INFERENCE
                 and isinstance(compiled, CompiledGraph)
                 and capture.passes_through(compiled.lowered, n_inputs)
             ):
@@ -552,18 +554,21 @@ def _aot_backend(
         return compile_fn
 
     return capture.aot_backend(
-        compiler("forward"), compiler("backward"), compiler("inference"), platform_of(device)
+        compiler(GraphKind.FORWARD),
+        compiler(GraphKind.BACKWARD),
+        compiler(GraphKind.INFERENCE),
+        platform_of(device),
     )
 
 
-def _record(entry: program_store.Entry, kind: str, compiled, static, n_inputs: int) -> None:
+def _record(entry: program_store.Entry, kind: GraphKind, compiled, static, n_inputs: int) -> None:
     """Note one of a Dynamo graph's programs in its ``cache_dir`` entry, or why the graph can't
     be kept (``capture.runtime_convention``)."""
     if not isinstance(compiled, CompiledGraph):
         entry.refuse("ops of it run in eager or it is padded to buckets")
         return
     low = compiled.lowered
-    if kind in ("inference", "forward"):
+    if kind is not GraphKind.BACKWARD:
         convention = capture.runtime_convention(kind, low, n_inputs)
         if isinstance(convention, str):
             entry.refuse(convention)
@@ -596,7 +601,8 @@ def compile_graph(
     opts: Options,
     device: jax.Device,
     *,
-    kind: str = "inference",
+    kind: GraphKind = GraphKind.INFERENCE,
+    island: bool = False,
     static_positions: Sequence[int] = (),
 ) -> CompiledGraph:
     """Lower one functional ATen graph and wrap it for AOTAutograd.
@@ -605,7 +611,8 @@ def compile_graph(
         gm: the ATen graph from AOTAutograd.
         opts: validated options.
         device: the JAX device to run on.
-        kind: ``"forward"``, ``"backward"`` or ``"inference"`` (for logs and names).
+        kind: which of AOTAutograd's compilers the graph reached.
+        island: the graph is a piece of one whose other ops run in eager (``fallback``).
         static_positions: inputs that are parameters/buffers, kept resident on the device.
 
     Returns:
@@ -613,10 +620,12 @@ def compile_graph(
         forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
     with config.scope(opts):  # a backward compiles lazily, outside tpu_backend's scope
-        return _compile_graph(gm, opts, device, kind, static_positions)
+        return _compile_graph(gm, opts, device, kind, island, static_positions)
 
 
-def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> CompiledGraph:
+def _compile_graph(
+    gm, opts: Options, device, kind: GraphKind, island: bool, static_positions
+) -> CompiledGraph:
     for module in gm.modules():  # torch's NaN at lr == 0 (optimizers.py), subgraphs too
         if isinstance(module, fx.GraphModule):
             optimizers.repair_capturable_adam(module)
@@ -632,9 +641,11 @@ def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> Co
     key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
     plan = plan_of(opts)
     n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
-    saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
+    whole_forward = kind is GraphKind.FORWARD and not island
+    saved = capture.saved_output_positions(n_outputs) if whole_forward else ()
     n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-    bumped = capture.bumped_mutation_inputs(n_inputs) if kind != "backward" else frozenset()
+    whole_backward = kind is GraphKind.BACKWARD and not island
+    bumped = capture.bumped_mutation_inputs(n_inputs) if not whole_backward else frozenset()
 
     def create():
         t0 = time.perf_counter()
@@ -647,7 +658,7 @@ def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> Co
         )
         # named by what it does (compile_step's program: "training-step"), not by AOTAutograd's
         # kind ("inference" for any graph it does not split)
-        name = f"graph{next(_graph_ids)}-{programs.role_of(gm, kind).replace(' ', '-')}"
+        name = f"graph{next(_graph_ids)}-{programs.role_of(gm, kind, island).replace(' ', '-')}"
         dump = _dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
         donating = platform != "cpu" or opts.donate_on_cpu
@@ -667,19 +678,19 @@ def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> Co
 
     exes = cache.get_or_create(key, create)
     if opts.target is not None:
-        role = programs.role_of(gm, kind)
-        compiled = TargetGraph(exes, tpu_target(opts.target), kind, role, plan)
+        role = programs.role_of(gm, kind, island)
+        compiled = TargetGraph(exes, tpu_target(opts.target), kind.label(island), role, plan)
         cache.COMPILED.add(compiled)
-        log.info("%s: %s graph for %s (compile only)", exes.name, kind, opts.target)
+        log.info("%s: %s graph for %s (compile only)", exes.name, kind.label(island), opts.target)
         return compiled
     compiled = CompiledGraph(
         exes,
         device,
-        kind,
+        kind.label(island),
         static_positions=static_positions,
         saved_outputs=saved,
         bumped=bumped,
-        backward=kind.startswith("backward"),
+        backward=kind is GraphKind.BACKWARD,
         plan=plan,
     )
     cache.COMPILED.add(compiled)
@@ -688,14 +699,14 @@ def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> Co
     log.info(
         "%s: %s graph, %d nodes, lowered in %.1f ms",
         exes.name,
-        kind,
+        kind.label(island),
         len(gm.graph.nodes),
         (time.perf_counter() - start) * 1e3,
     )
     return compiled
 
 
-def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: str):
+def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: GraphKind):
     def describe(n: fx.Node) -> str:
         reason = why_unsupported(n)
         why = f"\n      not lowered: {reason}" if reason else ""
@@ -707,7 +718,7 @@ def _with_fallback(gm: fx.GraphModule, opts: Options, device: jax.Device, kind: 
     islands: list[CompiledGraph] = []
 
     def island(sub: fx.GraphModule) -> CompiledGraph:
-        islands.append(compile_graph(sub, opts, device, kind=f"{kind}-island"))
+        islands.append(compile_graph(sub, opts, device, kind=kind, island=True))
         return islands[-1]
 
     fused = split_for_fallback(gm, is_lowerable, island, describe)

@@ -28,10 +28,10 @@ reads (a local, a global it names, a closure cell, or an attribute of one of tho
 ``self.opt``), the step is made traceable there and Dynamo is asked to trace the frame again
 (the one restart a backend may raise, ``TensorifyScalarRestartAnalysis``, after emptying the
 frame's speculation log, which would otherwise replay the break): the first call is one program
-(``tests/test_readme.py`` and ``tests/test_optimizers.py`` count the programs). An optimizer found
-nowhere in the frame (stepped from a helper's locals) is joined when Dynamo compiles its ``step``
-as a frame of its own (:func:`join_optimizer_step`); Dynamo guards on ``opt.step``, so the next
-call compiles once more, into one program: the first call is then two programs.
+(``tests/docs/test_readme.py`` and ``tests/dynamo/test_optimizers.py`` count the programs). An
+optimizer found nowhere in the frame (stepped from a helper's locals) is joined when Dynamo compiles
+its ``step`` as a frame of its own (:func:`join_optimizer_step`); Dynamo guards on ``opt.step``, so
+the next call compiles once more, into one program: the first call is then two programs.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ _IN_PLACE_OPERATORS = {
 }  # fmt: skip
 
 
-# family -> when a node may meet one of its checks (tests/lowerings/test_refusals.py counts
+# family -> when a node may meet one of its checks (tests/lowering/test_refusals.py counts
 # refused programs per family).
 FAMILIES: dict[str, Callable[[fx.Node, Any], bool]] = {
     "dtype agreement (matmul, convolution, index writes)": _mixed_dtypes,

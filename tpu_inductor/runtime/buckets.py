@@ -101,7 +101,7 @@ def can_pad(compiled) -> bool:
     read from the sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the
     bucket). A backward reads the forward's saved activations, which live on the device: the
     exact-shape check, run in torch, would read their host placeholders (it did, and handed back
-    wrong gradients: tests/test_dynamic.py)."""
+    wrong gradients: tests/runtime/test_dynamic.py)."""
     low = compiled.lowered
     return (
         low.dynamic

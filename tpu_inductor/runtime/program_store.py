@@ -53,6 +53,7 @@ import torch
 import torch.fx as fx
 
 from tpu_inductor.core.devices import compile_lowered
+from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.runtime import cache
 from tpu_inductor.runtime.call import CompiledGraph, Executables
 from tpu_inductor.runtime.residency import device_zeros
@@ -119,7 +120,7 @@ class Entry:
 
     def __init__(self, cache_dir: str, key: str, fingerprint: dict):
         self.cache_dir, self.key, self.fingerprint = cache_dir, key, fingerprint
-        self.graphs: dict[str, dict] = {}  # role -> the program's record (its exes under "exes")
+        self.graphs: dict[str, dict] = {}  # kind -> the program's record (its exes under "exes")
         self.runtime: dict | None = None  # the Dynamo-level calling convention
         self.why_not: str | None = None
         self._lock = threading.Lock()
@@ -130,14 +131,14 @@ class Entry:
             self.why_not = why
             log.debug("not saving graph %s: %s", self.key[:12], why)
 
-    def add(self, role: str, compiled: CompiledGraph, **record) -> None:
+    def add(self, kind: GraphKind, compiled: CompiledGraph, **record) -> None:
         """Record one of the graph's programs; its executables are saved as they are built."""
         exes = compiled.exes
         if type(exes) is not Executables or exes.store is not None and exes.store.entry is not self:
-            self.refuse(f"its {role} program is shared or not plain")
+            self.refuse(f"its {kind} program is shared or not plain")
             return
         record.update(name=exes.name, kind=compiled.name, exes=exes)
-        self.graphs[role] = record
+        self.graphs[kind] = record
         exes.store = StoreSlot(self)
 
     def save(self) -> None:
@@ -414,16 +415,20 @@ def _runtime(manifest: dict, blobs: pathlib.Path, device: jax.Device, gm: fx.Gra
         runtime = manifest["runtime"]
         graphs = manifest["graphs"]
         kind = runtime["kind"]
-        roles = {"inference": ("inference",), "training": ("forward", "backward")}[kind]
-        if any(not graphs.get(role, {}).get("executables") for role in roles):
+        kinds = {
+            "inference": (GraphKind.INFERENCE,),
+            "training": (GraphKind.FORWARD, GraphKind.BACKWARD),
+        }[kind]
+        if any(not graphs.get(k, {}).get("executables") for k in kinds):
             return None  # e.g. a backward that never ran in the process that saved it
-        compiled = {role: _graph(graphs[role], blobs, device) for role in roles}
+        compiled = {k: _graph(graphs[k], blobs, device) for k in kinds}
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise BadEntry(f"its manifest is malformed ({type(e).__name__}: {e})") from e
     if kind == "inference":
-        return WarmInference(compiled["inference"], runtime, gm)
-    compiled["backward"].forward = compiled["forward"]
-    return WarmTraining(compiled["forward"], compiled["backward"], runtime, gm)
+        return WarmInference(compiled[GraphKind.INFERENCE], runtime, gm)
+    forward, backward = compiled[GraphKind.FORWARD], compiled[GraphKind.BACKWARD]
+    backward.forward = forward
+    return WarmTraining(forward, backward, runtime, gm)
 
 
 def _graph(record: dict, blobs: pathlib.Path, device: jax.Device) -> CompiledGraph:

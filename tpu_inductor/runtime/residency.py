@@ -197,7 +197,7 @@ def device_zeros(shape: tuple, dtype, device, cache: dict) -> jax.Array:
     """An all-zeros array on ``device`` (stands in for a tangent autograd filled with zeros, so
     the zeros are not sent), cached in ``cache``: the calling graph's own dict, so the zeros die
     with the graph (a module-level cache kept logits- and attention-shaped zeros alive after
-    their models were deleted and Dynamo reset: tests/test_live_arrays.py)."""
+    their models were deleted and Dynamo reset: tests/runtime/test_live_arrays.py)."""
     key = (tuple(shape), dtype, device)
     z = cache.get(key)
     if z is None:

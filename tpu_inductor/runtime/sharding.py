@@ -20,7 +20,7 @@ Multi-controller runs (``jax.distributed.initialize()``, one process per host, e
 same program on the same global batch, over a mesh of all processes' devices): each process
 uploads only the shards its own devices hold (:meth:`Plan.put`), and an output sharded over
 other processes' devices is all-gathered so torch gets the whole value on every process
-(``boundary.jax_to_host``). ``tests/test_multihost.py`` runs two processes on one machine.
+(``boundary.jax_to_host``). ``tests/runtime/test_multihost.py`` runs two processes on one machine.
 
 Plans: ``"dp"`` (replicate state, shard the batch), ``"fsdp"`` (also shard every state
 tensor's first divisible dimension over the data axis), ``"tp"`` (Megatron-style tensor

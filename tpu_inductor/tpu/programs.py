@@ -25,6 +25,7 @@ import numpy as np
 
 from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.errors import TargetCompileError
+from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.tpu import hlo
 from tpu_inductor.tpu.targets import Target
 
@@ -36,17 +37,16 @@ _OPTIMIZER_FILES = ("/torch/optim/", "/tpu_inductor/training/train_step.py")
 TRAINING_STEP = "training step"
 
 
-def role_of(gm, kind: str) -> str:
+def role_of(gm, kind: GraphKind, island: bool = False) -> str:
     """What a graph does in a step, as far as its code tells: ``forward``, ``backward``,
     ``training step`` (a graph that differentiates inside itself, ``loss.backward()`` traced
     into it, and updates parameters: ``compile_step``'s one program), ``forward+backward``
     (differentiates, no optimizer), ``optimizer`` (most of its ops from ``torch/optim``) or
-    ``inference`` (see :func:`cache_role` for decode and prefill); ``-island`` kinds keep their
-    suffix."""
-    base, _, island = kind.partition("-")
-    if base != "inference":
-        return kind
-    suffix = f"-{island}" if island else ""
+    ``inference`` (see :func:`cache_role` for decode and prefill); an island's role ends in
+    ``-island``, as its kind's label does."""
+    if kind is not GraphKind.INFERENCE:
+        return kind.label(island)
+    suffix = "-island" if island else ""
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     traces = [n.meta.get("stack_trace") or "" for n in calls]
     from_optim = sum(any(f in t for f in _OPTIMIZER_FILES) for t in traces)
@@ -54,7 +54,7 @@ def role_of(gm, kind: str) -> str:
         return (TRAINING_STEP if from_optim else "forward+backward") + suffix
     if traces and from_optim > len(traces) // 2:
         return "optimizer" + suffix
-    return kind
+    return kind.label(island)
 
 
 def cache_role(role: str, lowered, out_info) -> str:
@@ -282,7 +282,7 @@ def tensor_key(t) -> int:
     tensors at different times. The optimizer's moments, made after the backward ran, took the
     ids of the backward's freed saved-activation placeholders, so the report counted them as
     the backward's arguments and left them out of its step peak: 17.6 instead of 25.6 MiB
-    beside it, depending on what ran before in the process (tests/test_targets.py).
+    beside it, depending on what ran before in the process (tests/tpu/test_targets.py).
     """
     i = id(t)
     entry = _KEYS.get(i)
