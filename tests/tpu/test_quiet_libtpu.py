@@ -17,7 +17,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # what importing JAX sets in this (the test's) process, which a user's new process lacks
 _SET_BY_JAX = ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "TPU_LIBRARY_PATH")
 
-pytestmark = pytest.mark.skipif(tpu_attached(), reason="checks a machine without a TPU")
+pytestmark = [
+    pytest.mark.tpu_compile,
+    pytest.mark.skipif(tpu_attached(), reason="checks a machine without a TPU"),
+]
 
 
 def _run(args: list[str], **env_changes) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import torch
 import tpu_inductor
 from tests.helpers import compiled
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALARMING = ("Please file an issue", "Recompiling", "recompil", "compiled again", "Profiler")
 
 
