@@ -128,13 +128,6 @@ def _gather(arr) -> np.ndarray:
     return multihost_utils.process_allgather(arr, tiled=True)
 
 
-def jax_to_tensor(arr) -> torch.Tensor | None:
-    """Turn one output array into a CPU torch tensor (``None`` passes through)."""
-    if not isinstance(arr, jax.Array):
-        return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
-    return jax_to_host(arr)[0]
-
-
 @functools.cache
 def quiet_readonly_numpy_warning() -> None:
     """Outputs are views of read-only numpy arrays over fresh XLA buffers that nothing else

@@ -66,8 +66,3 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
             f"torch dtype {dtype} has no JAX equivalent; convert the tensor (e.g. .float()) "
             "before the compiled region"
         ) from None
-
-
-def to_torch_dtype(dtype) -> torch.dtype:
-    """Return the torch dtype for a JAX/numpy dtype."""
-    return JAX_TO_TORCH[jnp.dtype(dtype)]

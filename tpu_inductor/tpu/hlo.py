@@ -396,23 +396,6 @@ def split_scope(scope: str) -> tuple[str, str]:
     return "", scope
 
 
-def by_module(ops: list[Op], depth: int = 4) -> list[tuple[str, int, int]]:
-    """``(module, cycles, bytes)`` summed over ops per module path prefix of ``depth`` parts
-    (``model.layers.3.mlp``; ``backward/`` kept in front), most cycles first."""
-    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for op in ops:
-        module = split_scope(op.scope)[0]
-        backward = module.startswith("backward")
-        path = module.removeprefix("backward").lstrip("/")
-        key = ".".join(path.split(".")[:depth]) or ("(no module)" if op.scope else "(unnamed)")
-        key = f"backward/{key}" if backward else key
-        totals[key][0] += op.cycles
-        totals[key][1] += op.bytes
-    rows = [(k, c, b) for k, (c, b) in totals.items()]
-    rows.sort(key=lambda r: (r[1], r[2]), reverse=True)
-    return rows
-
-
 # --- collectives ---------------------------------------------------------------------------------
 
 DCN_TRANSFER = "dcn-send"

@@ -347,8 +347,3 @@ def matmul_precision(precision, *operands):
 def jdt(dtype: torch.dtype | None, default=None):
     """JAX dtype of an optional torch dtype argument (``None`` -> ``default``)."""
     return default if dtype is None else to_jax_dtype(dtype)
-
-
-def ensure_array(x, dtype=None) -> jax.Array:
-    """A Python scalar or array as a JAX array (of ``dtype`` when given)."""
-    return jnp.asarray(x, dtype=dtype)
