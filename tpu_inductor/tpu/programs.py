@@ -25,14 +25,16 @@ import numpy as np
 
 from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.errors import TargetCompileError
+from tpu_inductor.dynamo import optimizers
 from tpu_inductor.tpu import hlo
 from tpu_inductor.tpu.targets import Target
 
 _lock = threading.Lock()
 PROGRAMS: list[Program] = []  # in compile order; tpu_inductor.reset() clears it
 
-# compile_step's traceable optimizer steps (train_step.py) call torch/optim's functional updates
-_OPTIMIZER_FILES = ("/torch/optim/", "/tpu_inductor/training/train_step.py")
+# An op is the optimizer's when its stack trace passes through torch/optim's functional updates
+# or through the traceable steps that call them (state initialization included).
+_OPTIMIZER_FILES = ("/torch/optim/", optimizers.__file__)
 TRAINING_STEP = "training step"
 
 
