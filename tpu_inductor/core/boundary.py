@@ -128,6 +128,12 @@ def _gather(arr) -> np.ndarray:
     return multihost_utils.process_allgather(arr, tiled=True)
 
 
+def is_traced(x) -> bool:
+    """Whether a Python-level value is a JAX value (an array, or a tracer inside a trace: a
+    scalar read with ``.item()``, a position read in the program) rather than a constant."""
+    return isinstance(x, jax.Array | jax.core.Tracer)
+
+
 @functools.cache
 def quiet_readonly_numpy_warning() -> None:
     """Outputs are views of read-only numpy arrays over fresh XLA buffers that nothing else

@@ -28,8 +28,8 @@ from tpu_inductor.capture import aot as capture
 from tpu_inductor.capture.partition import split_for_fallback
 from tpu_inductor.core import hints, stages, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
-from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
-from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
+from tpu_inductor.core.dtypes import TPU_UNSUPPORTED, reject_tpu_64bit
+from tpu_inductor.core.errors import UnsupportedInputError
 from tpu_inductor.core.stages import FrameStages
 from tpu_inductor.dynamo import breaks, optimizers, regions
 from tpu_inductor.dynamo.config import (
@@ -229,13 +229,7 @@ def check_input_dtypes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Non
         for i, t in enumerate(example_inputs)
         if isinstance(t, torch.Tensor) and t.dtype in TPU_UNSUPPORTED
     ]
-    if bad:
-        raise UnsupportedDtypeError(
-            "TPUs have no 64-bit floating point; these inputs of the compiled region are "
-            "float64/complex128:\n  - " + "\n  - ".join(bad) + "\nWhat to do: convert them to "
-            "float32 (model.float(), tensor.float(), or torch.set_default_dtype(torch.float32) "
-            "before building the model) or compile with options={'device': 'cpu'}."
-        )
+    reject_tpu_64bit(bad, "these inputs of the compiled region")
 
 
 def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list:

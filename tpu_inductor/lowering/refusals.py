@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from tpu_inductor.core.dtypes import describe_tensor
 from tpu_inductor.core.errors import EagerRefusalError
 from tpu_inductor.core.sources import user_frame
 
@@ -376,7 +377,7 @@ def _describe(node: fx.Node) -> str:
     def desc(a):
         v = _val(a)
         if isinstance(v, torch.Tensor):
-            return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+            return describe_tensor(v.dtype, v.shape)
         return repr(v) if not isinstance(a, fx.Node) else a.name
 
     name = _name(node.target)

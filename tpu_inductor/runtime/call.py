@@ -31,12 +31,19 @@ from tpu_inductor.core.boundary import (
     tensor_to_jax,
 )
 from tpu_inductor.core.devices import compile_lowered
-from tpu_inductor.core.dtypes import to_jax_dtype
+from tpu_inductor.core.dtypes import describe_tensor, to_jax_dtype
 from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
+from tpu_inductor.core.shapes import strided_index
 from tpu_inductor.core.transfers import D2H, H2D, Counter
 from tpu_inductor.lowering import mesh_scope
 from tpu_inductor.runtime import cache, device_owned, signatures
-from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
+from tpu_inductor.runtime.device_owned import (
+    DeviceTensor,
+    is_owned,
+    lazy_output,
+    mark_pending,
+    unwrap,
+)
 from tpu_inductor.runtime.residency import (
     VALUES,
     StackSlice,
@@ -516,7 +523,7 @@ class CompiledGraph:
                 arrays.append(get(slot[0], args[slot[0]]))
                 continue
             members = [args[p] for p in slot]
-            inner = [m._inner if type(m) is DeviceTensor else m for m in members]
+            inner = [unwrap(m) for m in members]
             pairs = zip(slot, inner, strict=True)
             bumped = [p in self._bumped and not is_owned(m) for p, m in pairs]
             stack = VALUES.stack_of(inner, bumped) if not self._backward else None
@@ -728,33 +735,24 @@ def device_input(
     if arr is not None:
         return arr
     device_owned.sync(t)  # a device-owned value whose device copy is gone: its host copy first
-    if private and plan is None:
-        arr = jax.device_put(tensor_to_host(t).copy(), device)
-        if resident or keep or is_owned(t):
-            VALUES.record(t, arr)
-            reason = "resident" if resident else "input"
-            counter.add(H2D, reason, nbytes(t), f"input {i} ({_fmt_tensor(t)})")
-        else:
-            counter.add(H2D, "input", nbytes(t))
-        return arr
+    recorded = resident or keep or is_owned(t)
     if plan is not None:
         arr = plan.put(t, tensor_to_host(t))
         sent = sum(s.data.size for s in arr.addressable_shards) * arr.dtype.itemsize
-        if resident or keep or is_owned(t):
-            VALUES.record(t, arr)
-            reason = "resident" if resident else "input"
-            counter.add(H2D, reason, sent, f"input {i} ({_fmt_tensor(t)})")
-        else:
-            counter.add(H2D, "input", sent)
-        return arr
-    if resident or keep or is_owned(t):
-        arr = tensor_to_jax(t, device)
+    elif private:
+        arr, sent = jax.device_put(tensor_to_host(t).copy(), device), nbytes(t)
+    elif recorded:
+        arr, sent = tensor_to_jax(t, device), nbytes(t)
+    else:
+        counter.add(H2D, "input", nbytes(t))
+        return tensor_to_host(t)
+    if recorded:
         VALUES.record(t, arr)
         reason = "resident" if resident else "input"
-        counter.add(H2D, reason, nbytes(t), f"input {i} ({_fmt_tensor(t)})")
-        return arr
-    counter.add(H2D, "input", nbytes(t))
-    return tensor_to_host(t)
+        counter.add(H2D, reason, sent, f"input {i} ({describe_tensor(t.dtype, t.shape)})")
+    else:
+        counter.add(H2D, "input", sent)
+    return arr
 
 
 def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tensor | None:
@@ -784,16 +782,8 @@ def with_layout(t: torch.Tensor, layout, position: int) -> torch.Tensor:
         raise TpuInductorError(f"output {position}: shape {list(t.shape)}, its view says {size}")
     if t.stride() == tuple(stride) and t.storage_offset() == offset:
         return t
-    index = torch.full(size, offset, dtype=torch.int64)
-    for d, (n, s) in enumerate(zip(size, stride, strict=True)):
-        shape = [1] * len(size)
-        shape[d] = n
-        index = index + (torch.arange(n) * s).reshape(shape)
+    index = torch.from_numpy(strided_index(size, stride, offset))
     extent = int(index.max()) + 1 if index.numel() else offset
     base = torch.empty(extent, dtype=t.dtype)
     base[index.reshape(-1)] = t.reshape(-1)
     return base.as_strided(size, stride, offset)
-
-
-def _fmt_tensor(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
