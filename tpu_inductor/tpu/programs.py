@@ -25,7 +25,6 @@ import numpy as np
 
 from tpu_inductor.core.devices import compile_lowered
 from tpu_inductor.core.errors import TargetCompileError
-from tpu_inductor.dynamo import optimizers
 from tpu_inductor.tpu import hlo
 from tpu_inductor.tpu.targets import Target
 
@@ -34,7 +33,10 @@ PROGRAMS: list[Program] = []  # in compile order; tpu_inductor.reset() clears it
 
 # An op is the optimizer's when its stack trace passes through torch/optim's functional updates
 # or through the traceable steps that call them (state initialization included).
-_OPTIMIZER_FILES = ("/torch/optim/", optimizers.__file__)
+_OPTIMIZER_FILES = (
+    "/torch/optim/",
+    str(pathlib.Path(__file__).parents[1] / "dynamo" / "optimizers.py"),
+)
 TRAINING_STEP = "training step"
 
 
