@@ -8,33 +8,45 @@ Importing this package has no global side effects: it does not enable ``jax_enab
 rename PrivateUse1, change torch defaults or start a JAX backend.
 """
 
-from tpu_inductor import debug, testing
+from tpu_inductor import debug, errors, testing
 
 # tpu_inductor.transformers.enable(model); left out of __all__ so that a star import never
 # shadows the transformers package itself. It imports transformers only when called.
 from tpu_inductor import transformers as transformers
 from tpu_inductor.core import VERSION
-from tpu_inductor.core.errors import (
+from tpu_inductor.dynamo.backend import reset
+
+# Importable, outside __all__: torch finds the backend through the torch_dynamo_backends
+# entry point (pyproject.toml), so users never call it.
+from tpu_inductor.dynamo.backend import tpu_backend as tpu_backend
+from tpu_inductor.dynamo.backend import tpu_inductor_backend as tpu_inductor_backend
+from tpu_inductor.dynamo.warmup import warmup
+from tpu_inductor.errors import (
+    CompileError,
+    EagerRefusalError,
     FallbackWarning,
     InvalidOptionError,
     LoweringError,
     LoweringOutputError,
+    PaddingWarning,
     RegistrationError,
     ShapeMismatchError,
     ShardingError,
     TargetCompileError,
     TpuInductorError,
+    TransferError,
     UnsupportedDtypeError,
+    UnsupportedInputError,
     UnsupportedOpError,
 )
-from tpu_inductor.dynamo.backend import reset, tpu_backend, tpu_inductor_backend
-from tpu_inductor.dynamo.warmup import warmup
 from tpu_inductor.lowering.custom_ops import (
     pallas_interpret,
     register_lowering,
     registered_lowering,
     unregister_lowering,
 )
+
+# Importable, outside __all__: tests and benchmarks read cache.STATS.
 from tpu_inductor.runtime import cache as cache
 from tpu_inductor.runtime.device_owned import DeviceTensor, keep_on_device
 from tpu_inductor.runtime.report import report
@@ -45,34 +57,45 @@ from tpu_inductor.training.train_step import compile_step
 
 __version__ = VERSION
 
+# What users call, as the README and docs show it; every error and warning besides (also in
+# tpu_inductor.errors). tests/test_public_api.py holds the same list.
 __all__ = [
+    # compile, train, keep values on the device
+    "compile_step",
+    "keep_on_device",
     "DeviceTensor",
+    "warmup",
+    "reset",
+    "report",
+    # lowerings of your own
+    "register_lowering",
+    "registered_lowering",
+    "unregister_lowering",
+    "pallas_interpret",
+    # compile for a TPU you don't have, and plan a fit
+    "Target",
+    "tpu_target",
+    "tpu_report",
+    "largest_batch",
+    # modules
+    "debug",
+    "errors",
+    "testing",
+    # errors and warnings
+    "CompileError",
+    "EagerRefusalError",
     "FallbackWarning",
     "InvalidOptionError",
     "LoweringError",
     "LoweringOutputError",
+    "PaddingWarning",
     "RegistrationError",
     "ShapeMismatchError",
     "ShardingError",
-    "Target",
     "TargetCompileError",
     "TpuInductorError",
+    "TransferError",
     "UnsupportedDtypeError",
+    "UnsupportedInputError",
     "UnsupportedOpError",
-    "compile_step",
-    "debug",
-    "keep_on_device",
-    "largest_batch",
-    "pallas_interpret",
-    "register_lowering",
-    "registered_lowering",
-    "report",
-    "reset",
-    "testing",
-    "tpu_backend",
-    "tpu_inductor_backend",
-    "tpu_report",
-    "tpu_target",
-    "unregister_lowering",
-    "warmup",
 ]

@@ -25,14 +25,10 @@ import jax.numpy as jnp
 import torch
 
 from tpu_inductor.core.dtypes import tolerance
-from tpu_inductor.core.errors import raise_failed_assert
+from tpu_inductor.core.errors import PaddingWarning, raise_failed_assert
 from tpu_inductor.core.shapes import bind, concrete, concrete_shape
 from tpu_inductor.runtime.call import draw_seed
 from tpu_inductor.runtime.signatures import python_scalar
-
-
-class PaddingWarning(UserWarning):
-    """Padding to a shape bucket changed a graph's results; it now runs at exact shapes."""
 
 
 def bucket(n: int, spec) -> int:
