@@ -77,7 +77,7 @@ def draw_seed() -> np.ndarray:
     return words.numpy().astype(np.uint32)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Build:
     """Why and how fast one executable was built (for ``tpu_inductor.report()``)."""
 
@@ -303,7 +303,15 @@ class Executables:
                 lowered.as_text(debug_info=True)  # locations: module path, op, source line
             )
             (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
-        self.builds.append(Build(signature, reason, seconds, self.hits + self.misses, xla_seconds))
+        self.builds.append(
+            Build(
+                signature=signature,
+                reason=reason,
+                seconds=seconds,
+                calls=self.hits + self.misses,
+                xla_seconds=xla_seconds,
+            )
+        )
         return reason
 
     def _reason(self, signature: tuple) -> str:

@@ -97,7 +97,7 @@ MAX_PROGRAMS = 1024  # LRU bound on cached programs (and refusals)
 ENABLED: bool | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class EagerStats:
     """Eager ops on device-owned state whose values were on the device: ``device`` ran there;
     ``host`` ran on the host after syncing what they read (``host_ops``: op -> count);
@@ -168,7 +168,7 @@ def _op_info(func) -> _OpInfo | None:
     return info
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class _Program:
     """One op at one signature, lowered and compiled."""
 
@@ -425,13 +425,13 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
     STATS.programs += 1
     STATS.build_seconds += time.perf_counter() - start
     return _Program(
-        jitted,
-        tuple(tensor_leaves),
-        slot_leaves,
-        lowered.output_plan,
-        tuple(getattr(m, "dtype", None) for m in lowered.output_metas),
-        mutations,
-        out_spec,
+        exe=jitted,
+        tensor_leaves=tuple(tensor_leaves),
+        float_leaves=slot_leaves,
+        output_plan=lowered.output_plan,
+        output_dtypes=tuple(getattr(m, "dtype", None) for m in lowered.output_metas),
+        mutations=mutations,
+        out_spec=out_spec,
     )
 
 

@@ -33,7 +33,7 @@ _SKIP = {
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Op:
     """One top-level instruction of an optimized HLO module.
 
@@ -414,7 +414,7 @@ _DCN_SEND = re.compile(
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Collective:
     """One collective of an optimized HLO module (any computation: XLA puts some inside
     fusions).
@@ -471,8 +471,15 @@ def collectives(text: str, num_devices: int) -> list[Collective]:
         if m is None:
             dcn = _DCN_SEND.match(line)
             if dcn is not None:  # the data-center-network leg of a collective across slices
-                found += [Collective(dcn.group(1), DCN_TRANSFER, _array_bytes(dcn.group(2)),
-                                     (), "", None)] * times  # fmt: skip
+                send = Collective(
+                    name=dcn.group(1),
+                    kind=DCN_TRANSFER,
+                    bytes=_array_bytes(dcn.group(2)),
+                    group=(),
+                    scope="",
+                    source=None,
+                )
+                found += [send] * times
             continue
         name, shape, kind, _start, rest = m.groups()
         size = _collective_bytes(shape, kind, bool(_start))

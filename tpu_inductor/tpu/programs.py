@@ -81,7 +81,7 @@ def cache_role(role: str, lowered, out_info) -> str:
     return role.replace("inference", "decode" if max(rows) == 1 else "prefill")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Program:
     """One XLA program compiled for a target (one executable of one graph).
 
@@ -245,7 +245,7 @@ class Program:
         return max(sides, key=sides.get)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Comm:
     """One collective of a program, placed on the mesh and timed.
 
@@ -312,7 +312,7 @@ def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
     for op in ops:
         if op.kind == hlo.DCN_TRANSFER:
             seconds = op.ring_bytes() / (chip.dcn_bytes_per_s or chip.ici_bytes_per_s)
-            comms.append(Comm(op, "slices", "DCN", seconds))
+            comms.append(Comm(op=op, axes="slices", link="DCN", seconds=seconds))
             continue
         group = [i for i in op.group if i < len(flat)]
         axes = "?"
@@ -324,7 +324,7 @@ def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
         link = "DCN" if len(slices) > 1 else "ICI"
         bandwidth = chip.dcn_bytes_per_s if link == "DCN" else chip.ici_bytes_per_s
         seconds = op.ring_bytes() / (bandwidth or chip.ici_bytes_per_s)
-        comms.append(Comm(op, axes, link, seconds))
+        comms.append(Comm(op=op, axes=axes, link=link, seconds=seconds))
     return comms
 
 
