@@ -1,11 +1,10 @@
-"""The torch <-> JAX crossing: how one tensor becomes an array and back, and what it costs.
+"""The torch <-> JAX crossing: how one tensor becomes an array and back.
 
-Measured on a 2-core CPU host (``python -m benchmarks.boundary``): per-call inputs cross as
-zero-copy numpy views handed straight to the XLA executable (~7 us per small tensor, against
-~29 us through ``jax.dlpack.from_dlpack``), and outputs come back as numpy views of fresh XLA
-buffers (~1 us, against ~4 us for ``torch.from_dlpack``); on TPU/GPU the executable does the
-host -> device copy. Values that should stay on the device (parameters, saved activations,
-values a graph returned) are kept by ``residency.py``; this module only crosses.
+Per-call inputs cross as zero-copy numpy views handed straight to the XLA executable, and
+outputs come back as numpy views of fresh XLA buffers: both are cheaper than DLPack on the CPU
+(measured: ``python -m benchmarks.boundary``); on TPU/GPU the executable does the host -> device
+copy. Values that should stay on the device (parameters, saved activations, values a graph
+returned) are kept by ``residency.py``; this module only crosses.
 """
 
 from __future__ import annotations
@@ -54,9 +53,9 @@ EFFECT_TOKEN = np.zeros((0,), np.float32)
 def tensor_to_host(t: torch.Tensor | None) -> np.ndarray:
     """A zero-copy numpy view of a tensor, for passing straight to an XLA executable.
 
-    Handing executables numpy arrays is the cheapest way in: on a 2-core CPU host, ~7 us per
-    call for a small input against ~29 us through ``jax.dlpack.from_dlpack`` (see
-    ``python -m benchmarks.boundary``); on TPU/GPU the executable copies it to the device.
+    Handing executables numpy arrays is the cheapest way in, cheaper than
+    ``jax.dlpack.from_dlpack`` (measured: ``python -m benchmarks.boundary``); on TPU/GPU the
+    executable copies it to the device.
     """
     if t is None:
         return EFFECT_TOKEN  # AOTAutograd passes None for an effect token (float32[0])

@@ -144,8 +144,8 @@ def tpu_backend(
     del cpu_fakes
     if direct:
         # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
-        # executable's runtime directly (~8 us less per call at 1x64 on a 2-core CPU host,
-        # python -m benchmarks.profile_overhead).
+        # executable's runtime directly, a layer less per call (measured: python -m
+        # benchmarks.profile_overhead).
         return direct[0].call_unboxed
     return aot_compiled
 
@@ -308,13 +308,11 @@ def meta_fakes_as_cpu():
     shape, strides and dtype (its ``.grad`` too), so the whole function is traced as with real
     weights. :func:`trace_meta_as_cpu` does this for AOTAutograd only, after Dynamo has traced
     on ``meta``; a function that calls ``loss.backward()`` inside the compiled region
-    (``compile_step``) is differentiated by Dynamo itself, and on ``meta`` fakes the loss had no
-    derivative: ``cross_entropy``'s ``nll_loss`` has no autograd kernel for ``meta`` fakes
-    (torch 2.13 warns "an autograd kernel was not registered" and ``autograd.grad`` finds the
-    parameters unused), every ``.grad`` stayed ``None``, the optimizer skipped every parameter
-    and the step compiled to a forward alone. Nothing is read or allocated: the fakes' storage
-    is ``meta`` as always; only the device they report changes. Used around compile-only calls
-    (``options["target"]``); thread-local and re-entrant.
+    (``compile_step``) is differentiated by Dynamo itself, and it must see CPU fakes: some ops
+    (``nll_loss``) have no autograd kernel for ``meta`` fakes, so their gradients would be
+    missing and the step would compile to a forward alone. Nothing is read or allocated: the
+    fakes' storage is ``meta`` as always; only the device they report changes. Used around
+    compile-only calls (``options["target"]``); thread-local and re-entrant.
     """
     from torch._subclasses.fake_tensor import FakeTensorConverter
 

@@ -475,9 +475,9 @@ class CompiledGraph:
         ``torch._dynamo.reset()`` calls this for every graph (``backend._on_dynamo_reset``),
         with ``executables`` where the in-memory cache no longer holds them (an identical graph
         handed over again reuses those it holds, up to ``cache.MAX_ENTRIES``): Dynamo's leftover
-        ``__compiled_fn_*`` globals keep graphs alive after its reset, and an XLA:CPU executable
-        holds ~35 memory maps of JIT code. Kept, they reached Linux's 65,530-map limit in one
-        pytest process and XLA segfaulted in its next compile (CI, exit 139).
+        ``__compiled_fn_*`` globals keep graphs alive after its reset, and each XLA:CPU
+        executable holds memory maps of JIT code, so a long process would run into the
+        kernel's limit on memory maps.
         """
         self._zeros.clear()
         if executables:

@@ -361,10 +361,8 @@ def hbm_bytes(text: str) -> int:
     ``slice-start``), and each of those is counted again where it is read. This counts only
     HBM: an op's operands and results in memory space 0, a prefetch's HBM side once; a loop's
     or call's own operands (its state, passed by reference) not at all. Where nothing fits on
-    chip (arrays of 256 MiB and more) the two agree; for a float32 MLP ``gelu(x @ w1) @ w2`` of
-    ``[4096, 1024]`` activations (v5e) "bytes accessed" is 335.6 MB and this 67.1 MB, its inputs
-    and output once (the hidden activation stays on chip). ``tests/tpu/test_hlo_hbm.py`` checks
-    both.
+    chip the two agree; for an MLP whose hidden activation stays on chip this counts its inputs
+    and output once (``tests/tpu/test_hlo_hbm.py`` checks both).
     """
     return int(per_run(text, functools.partial(_op_bytes, hbm_only=True)))
 
