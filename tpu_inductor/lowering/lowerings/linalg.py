@@ -20,13 +20,10 @@ aten = torch.ops.aten
 # On a TPU a bf16 x bf16 dot accumulates in float32 in the MXU and rounds once, whatever its
 # result type: asking for a float32 result and converting it (as torch's opmath reads) gives the
 # same numbers, but XLA's layout assignment then puts a layout copy (and a physical reshape)
-# after each projection whose result is split into heads: 30 top-level copies in the bf16 Llama
-# inference forward, 480 -> 416 MB accessed with the half-precision result (python -m
-# benchmarks.tpu_programs --only infer-bf16, v5e). A product the graph converts to float32 next
-# (the logits before a float32 loss) keeps the float32 form: as a bf16 dot, its float32 copy was
-# laid out twice (+2 x 33 MB in the bf16 Llama training forward). Cost: the one-program bf16
-# Llama step moves 2,163 -> 2,259 MB (its SiLU written out apart). False: the float32 form
-# everywhere (a lever ``benchmarks.tpu_levers --issue 30`` measures).
+# after each projection whose result is split into heads, so the dot returns bf16. A product the
+# graph converts to float32 next (the logits before a float32 loss) keeps the float32 form: as a
+# bf16 dot, its float32 copy would be laid out twice. False: the float32 form everywhere.
+# (measured: ``python -m benchmarks.tpu_levers``)
 TPU_HALF_DOTS = True
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
