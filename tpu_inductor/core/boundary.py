@@ -92,10 +92,11 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
 def jax_to_host(arr) -> tuple[torch.Tensor, np.ndarray]:
     """One output array as a CPU torch tensor, and the numpy array its storage holds.
 
-    On CPU the tensor is a zero-copy view of the (fresh, never reused) output buffer, ~1 us
-    against ~4 us for ``torch.from_dlpack``; elsewhere ``np.asarray`` is the device-to-host
-    copy. The numpy array lives exactly as long as the tensor's storage (``torch.from_numpy``
-    holds it), which is what ``residency.DeviceValues`` keys a device copy's lifetime on.
+    On CPU the tensor is a zero-copy view of the (fresh, never reused) output buffer, cheaper
+    than ``torch.from_dlpack`` (measured: ``python -m benchmarks.boundary``); elsewhere
+    ``np.asarray`` is the device-to-host copy. The numpy array lives exactly as long as the
+    tensor's storage (``torch.from_numpy`` holds it), which is what ``residency.DeviceValues``
+    keys a device copy's lifetime on.
 
     In a multi-controller run (``jax.distributed``, more than one process) an array sharded
     over devices of other processes is gathered first (every process gets the whole value, as

@@ -534,7 +534,7 @@ def _users_jax(ctx: LoweringContext, args: list):
     off) unless its arrays in or out are 64-bit. The graph is traced with x64 on (int64 stays
     int64); a kernel written for JAX's defaults would otherwise make 64-bit indices: a Pallas
     kernel's ``index_map`` then returns i64, which Mosaic refuses to compile for a TPU ("failed
-    to legalize operation 'func.return'", libtpu 0.0.42; tests/tpu/test_suite.py)."""
+    to legalize operation 'func.return'"; tests/tpu/test_suite.py)."""
     outs = ctx.out if isinstance(ctx.out, list | tuple) else [ctx.out]
     wide = any(isinstance(o, torch.Tensor) and o.dtype in _WIDE for o in outs) or any(
         is_traced(a) and jnp.dtype(a.dtype).itemsize == 8 for a in jax.tree.leaves(args)

@@ -459,7 +459,7 @@ class CompiledGraph:
         # No input needs more than the table's answer first (no bumped versions to allow for,
         # no saved handles or zero tangents): then the call loop looks it up itself.
         self._lookup_first = not backward and not bumped
-        # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
+        # Only switch JAX's default device when it is not already ours (a cost on every call).
         self._needs_default_device = jax.devices()[0] != device
         quiet_readonly_numpy_warning()
 
@@ -768,7 +768,7 @@ def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tenso
     if not isinstance(arr, jax.Array):
         return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
     t, owner = jax_to_host(arr)
-    counter.add(D2H, reason, owner.nbytes)  # numpy's nbytes: jax.Array's costs ~5 us
+    counter.add(D2H, reason, owner.nbytes)  # numpy's nbytes: jax.Array's is slower
     VALUES.record(t, arr, owner)
     return t
 
