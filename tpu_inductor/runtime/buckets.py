@@ -96,8 +96,8 @@ def can_pad(compiled) -> bool:
     activations, no inputs updated in place (their shapes must stay the real ones) and no scalar
     read from the sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the
     bucket). A backward reads the forward's saved activations, which live on the device: the
-    exact-shape check, run in torch, would read their host placeholders (it did, and handed back
-    wrong gradients: tests/test_dynamic.py)."""
+    exact-shape check, run in torch, would read their host placeholders and hand back wrong
+    gradients (tests/test_dynamic.py)."""
     low = compiled.lowered
     return (
         low.dynamic
