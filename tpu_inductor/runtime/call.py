@@ -1,8 +1,9 @@
-"""The call: device choice, compiler options, RNG seeds, executables per signature, and
-:class:`CompiledGraph`, which runs one graph.
+"""The call: RNG seeds, executables per signature, and :class:`CompiledGraph`, which runs one
+graph.
 
-How a tensor crosses is ``boundary.py``; what stays on the device (and when a host tensor may
-use its device copy) is ``residency.py``; every crossing is counted in ``transfers.py``.
+The device and the compiler options are chosen in ``core/devices.py``; how a tensor crosses is
+``boundary.py``; what stays on the device (and when a host tensor may use its device copy) is
+``residency.py``; every crossing is counted in ``transfers.py``.
 """
 
 from __future__ import annotations
