@@ -12,29 +12,14 @@ import tpu_inductor.errors
 PACKAGE = pathlib.Path(tpu_inductor.__file__).parent
 
 # Change this list only together with the docs that show the names.
-PUBLIC = {
-    # compile, train, keep values on the device
-    "compile_step",
-    "keep_on_device",
-    "DeviceTensor",
-    "warmup",
-    "reset",
-    "report",
-    # lowerings of your own
-    "register_lowering",
-    "registered_lowering",
-    "unregister_lowering",
-    "pallas_interpret",
-    # compile for a TPU you don't have, and plan a fit
-    "Target",
-    "tpu_target",
-    "tpu_report",
-    "largest_batch",
-    # modules
-    "debug",
-    "errors",
-    "testing",
-}
+PUBLIC = set(
+    """
+    compile_step keep_on_device DeviceTensor warmup reset report
+    register_lowering registered_lowering unregister_lowering pallas_interpret
+    Target tpu_target tpu_report largest_batch
+    debug errors testing
+    """.split()
+)
 
 # Exceptions that never leave the package: each is caught where it is raised.
 INTERNAL = {

@@ -21,24 +21,7 @@ from tpu_inductor.dynamo.backend import reset
 from tpu_inductor.dynamo.backend import tpu_backend as tpu_backend
 from tpu_inductor.dynamo.backend import tpu_inductor_backend as tpu_inductor_backend
 from tpu_inductor.dynamo.warmup import warmup
-from tpu_inductor.errors import (
-    CompileError,
-    EagerRefusalError,
-    FallbackWarning,
-    InvalidOptionError,
-    LoweringError,
-    LoweringOutputError,
-    PaddingWarning,
-    RegistrationError,
-    ShapeMismatchError,
-    ShardingError,
-    TargetCompileError,
-    TpuInductorError,
-    TransferError,
-    UnsupportedDtypeError,
-    UnsupportedInputError,
-    UnsupportedOpError,
-)
+from tpu_inductor.errors import *  # noqa: F403 (every error and warning, as errors.__all__)
 from tpu_inductor.lowering.custom_ops import (
     pallas_interpret,
     register_lowering,
@@ -82,20 +65,5 @@ __all__ = [
     "errors",
     "testing",
     # errors and warnings
-    "CompileError",
-    "EagerRefusalError",
-    "FallbackWarning",
-    "InvalidOptionError",
-    "LoweringError",
-    "LoweringOutputError",
-    "PaddingWarning",
-    "RegistrationError",
-    "ShapeMismatchError",
-    "ShardingError",
-    "TargetCompileError",
-    "TpuInductorError",
-    "TransferError",
-    "UnsupportedDtypeError",
-    "UnsupportedInputError",
-    "UnsupportedOpError",
+    *errors.__all__,
 ]
