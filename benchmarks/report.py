@@ -422,7 +422,7 @@ def readme_block(
     bytes-per-step results of ``python -m benchmarks.transfers`` when given)."""
     lines = [
         START,
-        f"<!-- Written by scripts/update_readme_perf.py from {json_path}; do not edit by hand. -->",
+        f"<!-- Written by python -m benchmarks.docs from {json_path}; do not edit by hand. -->",
         "",
         f"Machine: {machine_line(results)}.",
         "",

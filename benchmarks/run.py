@@ -1,4 +1,4 @@
-"""The benchmark suite: ``python -m benchmarks.run [--quick] [--readme]``.
+"""The benchmark suite: ``python -m benchmarks.run [--quick] [--results DIR]``.
 
 Measures, side by side in one run, and reports as ratios (ours / theirs):
 
@@ -13,8 +13,9 @@ Measures, side by side in one run, and reports as ratios (ours / theirs):
 
 Every contender of every item runs in a subprocess of its own (``benchmarks.suite``), so JAX's and
 torch's thread pools never share a process and memory peaks don't mix. Progress goes to stderr;
-the tables to stdout; ``benchmarks/results/<name>.json`` and ``<name>.png`` are written, and
-``--readme`` rewrites the README's performance block from them.
+the tables to stdout; ``<name>.json`` and ``<name>.png`` are written to ``--results`` (default
+the git-ignored ``benchmarks/results/local``); with ``--results benchmarks/results``,
+``python -m benchmarks.docs`` then rewrites docs/performance.md from them.
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report, suite
+from benchmarks import paths, report, suite
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_SIZES = ((1, 64), (32, 512), (256, 1024))
 COMPILE_ITEMS = ("mlp", "llama/infer", "llama/train")
 
@@ -319,7 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="results name (default <jax backend>-quick or <jax backend>-full)",
     )
-    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument(
+        "--results",
+        "--out-dir",
+        dest="out_dir",
+        type=Path,
+        default=paths.LOCAL,
+        help="folder for the results (default benchmarks/results/local, git-ignored; "
+        "benchmarks/results holds the committed figures docs/performance.md shows)",
+    )
     p.add_argument(
         "--rounds",
         type=int,
@@ -341,9 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         help="run every task in this process (tests only: thread pools then mix)",
     )
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument(
-        "--readme", action="store_true", help="rewrite README.md's performance block from this run"
-    )
     args = p.parse_args(argv)
     args.argv = argv
     results = run(args)
@@ -359,9 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{report.machine_line(results)}\n")
     print(report.tables(results))
     _progress(f"wrote {json_path}" + (f" and {png_path}" if "plot" in results else ""))
-    if args.readme:
-        report.write_readme(json_path, ROOT / "README.md")
-        _progress("updated README.md's performance block")
     return 1 if _failures(results) else 0
 
 

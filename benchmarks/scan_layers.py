@@ -23,21 +23,20 @@ With ``--target`` the same programs are also compiled for that TPU topology thro
 ``--shardings`` (``dp``, ``fsdp``, ``tp``) compiles those under that plan over the target's
 devices (a ``("data",)`` mesh; ``tp``: ``{"data": n/2, "model": 2}``).
 
-Writes ``benchmarks/results/scan_layers.json``. Times are this machine's, with its load
+Writes ``scan_layers.json`` to ``--results`` (default the git-ignored
+``benchmarks/results/local``). Times are this machine's, with its load
 average recorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import time
 
 import torch
 
+from benchmarks import paths
 from benchmarks.suite import machine_info, write_record
-
-RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def llama(layers: int, hidden: int = 64, **overrides):
@@ -149,7 +148,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the table and write ``benchmarks/results/scan_layers.json``."""
+    """Print the table and write ``scan_layers.json`` to ``--results``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, nargs="+", default=[4, 32])
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shardings", default=None, help="with --target: compile under this plan (fsdp, ...)"
     )
-    parser.add_argument("--out", default=str(RESULTS / "scan_layers.json"))
+    paths.add_results_option(parser)
     args = parser.parse_args(argv)
     machine = machine_info()
     rows = []
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{prefix or 'cpu_'}compile, {'scan' if scan else 'unrolled'}: "
                 f"{hi}-layer / {lo}-layer {ratio:.2f}x"
             )
-    write_record(args.out, "benchmarks.scan_layers", argv, machine, rows)
+    write_record(args.results / "scan_layers.json", "benchmarks.scan_layers", argv, machine, rows)
     return 0
 
 

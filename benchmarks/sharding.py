@@ -18,8 +18,9 @@ optimizer state and other values kept on the devices; the max over devices); the
 checked against torch eager's. On a CPU host all "devices" share the same cores, so step time
 shows what partitioning costs there, not a speedup; the memory split is what carries over.
 
-Prints one table and writes ``benchmarks/results/sharding.json`` ({command, date, machine,
-results}) and, where matplotlib is installed, ``benchmarks/results/sharding.png``.
+Prints one table and writes ``sharding.json`` ({command, date, machine, results}) and, where
+matplotlib is installed, ``sharding.png`` to ``--results`` (default the git-ignored
+``benchmarks/results/local``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import sys
 import tempfile
 import time
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from benchmarks import paths
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PLANS = ("dp", "fsdp", "tp")
 MODEL = {"vocab": 1024, "hidden": 256, "layers": 4, "batch": 8, "seq": 64}
@@ -260,7 +262,13 @@ def main(argv=None) -> int:
         default=1,
         help="device counts run at once (smoke tests: the timings then share the cores)",
     )
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument(
+        "--results",
+        "--out-dir",
+        dest="out_dir",
+        default=str(paths.LOCAL),
+        help="folder for the results (default benchmarks/results/local, git-ignored)",
+    )
     parser.add_argument("--name", default="sharding", help="output file stem")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json-only", action="store_true")

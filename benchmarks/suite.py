@@ -563,7 +563,7 @@ def write_record(path, module: str, argv: list[str] | None, machine: dict, resul
         "results": results,
     }
     path = pathlib.Path(path)
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import paths
 from benchmarks.tpu_workloads import RATIO_KEYS, RESULTS, ROOT, derive, totals
 
 # (label, commit of branch issue22, contender, internal switches): each lever on top of the ones
@@ -44,13 +45,13 @@ LEVERS = [
 ]
 WORKLOADS = "train-f32,train-bf16"
 
-# Issue 30's levers (``--issue 30``): each is a switch of this checkout's backend, measured off
+# Issue 30's levers (``--issue 30``): each is a knob of this checkout's backend, measured off
 # (before) and on (after) per workload and contender, on this checkout (no snapshots).
 # (label, switches that turn it off, [(workload, contender), ...]).
 ISSUE30 = [
     (
         "half-precision products on a TPU return their own dtype (no layout copies)",
-        {"lowering.lowerings.linalg.TPU_HALF_DOTS": False},
+        {"tpu_half_dots": False},
         [
             ("infer-bf16", "ours-3prog"),
             ("train-bf16", "ours-3prog"),
@@ -60,7 +61,7 @@ ISSUE30 = [
     ),
     (
         "products over [..., K] activations without flattening them (lowering/leading_dims.py)",
-        {"lowering.leading_dims.PLATFORMS": []},
+        {"leading_dims_platforms": []},
         [
             ("vit-train-f32", "ours-1prog"),
             ("vit-train-bf16", "ours-1prog"),
@@ -69,7 +70,7 @@ ISSUE30 = [
     ),
     (
         "log-softmax saved as its row statistics in a split step (capture/saved.py)",
-        {"capture.aot.SPLIT_LOG_SOFTMAX": False},
+        {"split_log_softmax": False},
         [
             ("train-f32", "ours-3prog"),
             ("train-bf16", "ours-3prog"),
@@ -78,7 +79,7 @@ ISSUE30 = [
     ),
     (
         "zero tangents are constants of the backward program (runtime/signatures.py)",
-        {"runtime.signatures.ZERO_TANGENTS": False},
+        {"zero_tangents": False},
         [
             ("train-f32", "ours-3prog"),
             ("train-bf16", "ours-3prog"),
@@ -231,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="v5e:2x2")
     p.add_argument("--only", default=WORKLOADS)
     p.add_argument("--hand-from", default="", help="hand-written rows from an earlier run")
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument(
+        "--results",
+        "--out-dir",
+        dest="out_dir",
+        default=str(paths.LOCAL),
+        help="folder for the results (default benchmarks/results/local, git-ignored)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch folders")
     p.add_argument(
         "--scratch",

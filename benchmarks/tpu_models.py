@@ -7,11 +7,14 @@ suite trains, a training step (forward, backward, compiled AdamW). Nothing runs.
 target it records each program (role, compiled or the error, HBM peak per chip, FLOPs, bytes
 accessed, compile seconds), whether every output has eager's shape and dtype, and the wall time
 of the whole run. Each model compiles in a process of its own (a crash of the TPU compiler is a
-row, not the end). Results go to ``benchmarks/results/tpu_models.json`` after each model (a
-partial run leaves a partial table); ``python scripts/gen_models_doc.py`` renders the column.
+row, not the end). Results go to ``tpu_models.json`` in ``--results`` (default the git-ignored
+``benchmarks/results/local``; ``--results benchmarks/results`` updates the committed file) after
+each model (a partial run leaves a partial table); ``python scripts/gen_models_doc.py`` renders
+the column from the committed file.
 
 Options: ``--targets v5e,v6e``, ``--models a,b`` (only those), ``--skip a,b:v6e``, ``--slow``
-(also the suite's slow models), ``--resume`` (keep rows already in the JSON), ``--json``.
+(also the suite's slow models), ``--resume`` (keep rows already in the JSON), ``--json``
+(the file itself).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import traceback
 
 import torch
 
+from benchmarks import paths
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JSON_PATH = os.path.join(ROOT, "benchmarks", "results", "tpu_models.json")
 
 
 def suite_cases(slow: bool = False) -> list:
@@ -87,9 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="model:target pairs (or models) to leave out")
     parser.add_argument("--slow", action="store_true")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--json", default=JSON_PATH)
+    paths.add_results_option(parser)
+    parser.add_argument(
+        "--json", default=None, help="the results file (default RESULTS/tpu_models.json)"
+    )
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.json = args.json or str(args.results / "tpu_models.json")
     targets = [t for t in args.targets.split(",") if t]
     only = {m for m in args.models.split(",") if m}
     skip = {m for m in args.skip.split(",") if m}

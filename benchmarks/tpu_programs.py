@@ -48,12 +48,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import tpu_analysis
+from benchmarks import paths, tpu_analysis
 from benchmarks.tpu_analysis import _state_in, analyze, compile_jitted, hlo_summary
 from benchmarks.tpu_workloads import (
     BATCH,
     RATIO_KEYS,
-    RESULTS,
     ROOT,
     SIZES,
     WORKLOADS,
@@ -279,15 +278,11 @@ def _train_step(variant: str, model, opt, compile_kw: dict, loss_of):
 
 
 def apply_levers(levers: dict[str, Any]) -> None:
-    """Set ``tpu_inductor.<module>.<NAME> = value`` for each ``"module.NAME": value``."""
-    import importlib
+    """Patch ``tpu_inductor.config`` with ``{knob: value}`` for the rest of this process (a
+    benchmark's process measures one setting)."""
+    import tpu_inductor
 
-    for key, value in levers.items():
-        module, name = key.rsplit(".", 1)
-        mod = importlib.import_module(f"tpu_inductor.{module}")
-        if not hasattr(mod, name):
-            raise ValueError(f"--levers: tpu_inductor.{module} has no {name}")
-        setattr(mod, name, value)
+    tpu_inductor.config.patch(levers).__enter__()
 
 
 def set_layers(layers: int, small: bool) -> None:
@@ -433,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--levers",
         default="",
-        help='internal switches for ours, as JSON {"module.NAME": value} under tpu_inductor '
-        '(e.g. {"capture.aot.PARTITIONER": "default"}), to measure a lever before/after',
+        help='knobs for ours, as JSON {"name": value} (tpu_inductor.list_options(); e.g. '
+        '{"partitioner": "default"}), to measure a lever before/after',
     )
     p.add_argument(
         "--hand-from",
@@ -442,7 +437,14 @@ def main(argv: list[str] | None = None) -> int:
         help="take the hand-written rows from this earlier results file (same sizes and "
         "target) instead of compiling them again",
     )
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument(
+        "--results",
+        "--out-dir",
+        dest="out_dir",
+        default=str(paths.LOCAL),
+        help="folder for the results (default benchmarks/results/local, git-ignored; "
+        "benchmarks/results holds the committed figures docs/performance.md shows)",
+    )
     p.add_argument(
         "--merge",
         action="store_true",
@@ -453,17 +455,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="results file name (default tpu-programs)")
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--in-process", action="store_true", help="no subprocesses (tests)")
-    p.add_argument(
-        "--readme",
-        action="store_true",
-        help="rewrite README.md's TPU-programs block from this run's results",
-    )
-    p.add_argument(
-        "--readme-only",
-        default="",
-        metavar="RESULTS_JSON",
-        help="rewrite README.md's TPU-programs block from a results file; run nothing",
-    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)
@@ -478,9 +469,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.readme_only:
-        write_readme(Path(args.readme_only), ROOT / "README.md")
-        return 0
     if args.one:
         print(json.dumps(run_one(args)))
         return 0
@@ -532,8 +520,6 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     print(table(data))
     plot(data, out_dir / f"{name}.png")
-    if args.readme:
-        write_readme(out_dir / f"{name}.json", ROOT / "README.md")
     return 0
 
 
@@ -605,8 +591,7 @@ def readme_block(
     v = c["versions"]
     lines = [
         start,
-        f"<!-- Written by python -m benchmarks.tpu_programs --readme from {rel_json}; "
-        "do not edit by hand. -->",
+        f"<!-- Written by python -m benchmarks.docs from {rel_json}; do not edit by hand. -->",
         "",
         f"Target {data['target']} (one chip), compile only (libtpu {v.get('libtpu', '?')}, "
         f"jax {v['jax']}, torch {v['torch']}); {c['cpu_count']} CPUs ({c['processor']}, "
@@ -694,31 +679,6 @@ def _earlier_lines(data: dict) -> list[str]:
             f"{_load(c.get('load_before'))} at start, `{c['command']}`)."
         )
     return lines + [""] if lines else []
-
-
-def write_readme(json_path: Path, readme: Path) -> None:
-    """Rewrite ``readme``'s block of ``json_path`` (``<!-- STEM:start -->`` ... ``end``, STEM
-    the file's name without ``.json``), with ``tpu-levers.json``'s table in the block of
-    ``tpu-programs.json``."""
-    data = json.loads(json_path.read_text())
-    stem = json_path.stem
-    markers = (README_START, README_END)
-    if stem != "tpu-programs":
-        markers = (f"<!-- {stem}:start -->", f"<!-- {stem}:end -->")
-    levers_path = json_path.with_name("tpu-levers.json")
-    levers = None
-    if stem == "tpu-programs" and levers_path.exists():
-        levers = json.loads(levers_path.read_text())
-    base = readme.resolve().parent
-    png = json_path.with_suffix(".png")
-    rel = lambda q: Path(os.path.relpath(q.resolve(), base)).as_posix()  # noqa: E731
-    block = readme_block(data, levers, rel(json_path), rel(png) if png.exists() else None, markers)
-    text = readme.read_text()
-    if markers[0] not in text or markers[1] not in text:
-        raise SystemExit(f"{readme}: no {markers[0]} ... {markers[1]} block to rewrite")
-    head, rest = text.split(markers[0], 1)
-    _, tail = rest.split(markers[1], 1)
-    readme.write_text(head + block + tail)
 
 
 def plot(data: dict, path: Path) -> None:

@@ -16,22 +16,22 @@ the loss read every step. Variants:
   layer); ``saved`` is what the forward keeps on the device for the backward;
 - ``loop-bf16``: the loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
 
-Prints a table and writes ``benchmarks/results/training_loop.json``. Bytes are exact (counted
-where an accelerator would copy); times are this machine's, with its load average recorded.
+Prints a table and writes ``training_loop.json`` to ``--results`` (default the git-ignored
+``benchmarks/results/local``). Bytes are exact (counted where an accelerator would copy); times
+are this machine's, with its load average recorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import time
 
 import torch
 
+from benchmarks import paths
 from benchmarks.suite import machine_info, write_record
 from benchmarks.transfers import _delta, _llama, _param_bytes
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 VARIANTS = (
     "loop",
     "loop-eager-clip",
@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=VARIANTS, action="append")
     parser.add_argument("--steps", type=int, default=5)
+    paths.add_results_option(parser)
     args = parser.parse_args(argv)
     import tpu_inductor
 
@@ -145,7 +146,9 @@ def main(argv=None) -> int:
         torch._dynamo.reset()
         tpu_inductor.reset()
         results.append(loop(name, args.steps))
-    write_record(RESULTS / "training_loop.json", "benchmarks.training_loop", argv, machine, results)
+    write_record(
+        args.results / "training_loop.json", "benchmarks.training_loop", argv, machine, results
+    )
     print(table(results))
     return 0
 

@@ -18,21 +18,20 @@ where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads
   ``decode-keep``: the same with ``keep_on_device(model)``;
 - ``mlp``: one inference call of ``Linear(64, 256) -> GELU -> Linear(256, 64)`` at 1 x 64.
 
-Prints one table and writes ``benchmarks/results/transfers.json``; ``--json-only`` skips the
-table. Each ratio is bytes per step over the model's parameter bytes (or the cache's bytes).
+Prints one table and writes ``transfers.json`` to ``--results`` (default the git-ignored
+``benchmarks/results/local``); ``--json-only`` skips the table. Each ratio is bytes per step
+over the model's parameter bytes (or the cache's bytes).
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import time
 
 import torch
 
+from benchmarks import paths
 from benchmarks.suite import machine_info, write_record
-
-RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def _llama(vocab=1024, hidden=256, layers=4):
@@ -86,9 +85,9 @@ def train(
     the host (``eager_ops``)."""
     import tpu_inductor
     from tpu_inductor.core.transfers import TOTAL
-    from tpu_inductor.runtime import device_eager
 
-    device_eager.ENABLED = eager_ops == "device"
+    knobs = tpu_inductor.config.patch(eager_ops=eager_ops)
+    knobs.__enter__()
 
     model = _llama().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -116,7 +115,7 @@ def train(
         losses = [step(i) for i in range(steps)]
         seconds = (time.perf_counter() - start) / steps
     finally:
-        device_eager.ENABLED = None
+        knobs.__exit__(None, None, None)
     d = _delta(before, TOTAL.copy())
     params = _param_bytes(model)
     per = {k: v / steps for k, v in d["by_reason"].items()}
@@ -271,6 +270,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=VARIANTS, action="append")
     parser.add_argument("--steps", type=int, default=5)
+    paths.add_results_option(parser)
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     import tpu_inductor
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
             results.append(decode(keep_on_device=True))
         else:
             results.append(mlp())
-    write_record(RESULTS / "transfers.json", "benchmarks.transfers", argv, machine, results)
+    write_record(args.results / "transfers.json", "benchmarks.transfers", argv, machine, results)
     if not args.json_only:
         print(table(results))
     return 0

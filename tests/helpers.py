@@ -187,3 +187,12 @@ def lm_losses(model, path: str, ids, options: dict, lr: float, steps: int = 2):
         update()
         opt.zero_grad()
         yield loss.item()
+
+
+def set_knobs(monkeypatch, **knobs) -> None:
+    """Patch ``tpu_inductor.config`` for the rest of a test; undone when monkeypatch undoes its
+    changes (later calls stack on earlier ones)."""
+    from tpu_inductor.core import config
+
+    frame = config.patch(**knobs).changes
+    monkeypatch.setattr(config, "_PATCHES", [*config._PATCHES, frame])

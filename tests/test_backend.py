@@ -19,7 +19,7 @@ from tpu_inductor.core.errors import (
     UnsupportedOpError,
 )
 from tpu_inductor.dynamo import backend as backend_mod
-from tpu_inductor.dynamo.config import parse_options
+from tpu_inductor.dynamo.options import parse_options
 
 
 def _run(code: str) -> str:

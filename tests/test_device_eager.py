@@ -53,9 +53,8 @@ def accelerator_imports(monkeypatch):
 
 @pytest.fixture
 def eager_ops_on_host():
-    device_eager.ENABLED = False
-    yield
-    device_eager.ENABLED = None
+    with tpu_inductor.config.patch(eager_ops="host"):
+        yield
 
 
 def _moved(before) -> tuple[int, int, dict]:

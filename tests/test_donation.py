@@ -1,6 +1,6 @@
 """Donation: on TPU/GPU a graph that overwrites an input in place donates its buffer, so
 resident state is not held twice. JAX's CPU client donates too, so these tests run the
-accelerators' path on CPU (``backend.DONATE_ON_CPU``) and check that a donated buffer is
+accelerators' path on CPU (the knob ``donate_on_cpu``) and check that a donated buffer is
 really gone and that no later call, backward or eager read ever touches it."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch
 import torch.nn as nn
 
 import tpu_inductor
-from tests.helpers import tiny_llama
-from tpu_inductor.dynamo import backend
+from tests.helpers import set_knobs, tiny_llama
 from tpu_inductor.runtime.residency import VALUES
 
 
@@ -21,7 +20,7 @@ from tpu_inductor.runtime.residency import VALUES
 def donating(monkeypatch):
     torch._dynamo.reset()
     tpu_inductor.reset()
-    monkeypatch.setattr(backend, "DONATE_ON_CPU", True)
+    set_knobs(monkeypatch, donate_on_cpu=True)
     yield
     torch._dynamo.reset()
     tpu_inductor.reset()

@@ -177,7 +177,7 @@ def test_threads_share_one_compile_per_executable():
 @pytest.mark.parametrize("bad", [{"pad_to": "pow3"}, {"max_executables": 0}])
 def test_bad_shape_options(bad):
     from tpu_inductor.core.errors import InvalidOptionError
-    from tpu_inductor.dynamo.config import parse_options
+    from tpu_inductor.dynamo.options import parse_options
 
     with pytest.raises(InvalidOptionError):
         parse_options(bad)

@@ -15,6 +15,7 @@ PACKAGE = pathlib.Path(tpu_inductor.__file__).parent
 PUBLIC = set(
     """
     compile_step keep_on_device DeviceTensor warmup reset report
+    config list_options
     register_lowering registered_lowering unregister_lowering pallas_interpret
     Target tpu_target tpu_report largest_batch
     debug errors testing

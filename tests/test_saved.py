@@ -13,8 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_inductor
-from tests.helpers import assert_same
-from tpu_inductor.capture import aot, saved
+from tests.helpers import assert_same, set_knobs
 
 ROWS, HIDDEN, CLASSES = 12, 16, 96
 
@@ -62,7 +61,7 @@ def test_log_softmax_is_recomputed_from_its_statistics(dtype, widen, monkeypatch
     assert_same(loss, expected[0], **tol)
     assert_same(logits, expected[1], **tol)
     assert_same(grads, expected[2], what="grads", **tol)
-    monkeypatch.setattr(aot, "SPLIT_LOG_SOFTMAX", False)
+    set_knobs(monkeypatch, split_log_softmax=False)
     *_, (saved_before,) = _step(model, dtype, compiled=True)
     # before: the log-probabilities (float32 when widened, else the logits' dtype); now two
     # float32 statistics per row (max and sum of exponentials) in their place
@@ -90,7 +89,7 @@ def test_log_softmax_returned_by_the_model_is_saved_as_it_is(monkeypatch):
         return loss.detach(), logp.detach(), w.grad
 
     def compiled(split: bool):
-        monkeypatch.setattr(aot, "SPLIT_LOG_SOFTMAX", split)
+        set_knobs(monkeypatch, split_log_softmax=split)
         torch._dynamo.reset()
         tpu_inductor.reset()
         out = run(torch.compile(step, backend="tpu", options={"fallback": "error"}))
@@ -131,12 +130,12 @@ def test_autocast_casts_of_the_weights_are_recomputed(monkeypatch):
     backward casts the weight again (on TPUs, where XLA fuses the cast into the matmul;
     switched on for the CPU here)."""
     model = _MLP()
-    monkeypatch.setattr(saved, "RECAST_PLATFORMS", {"cpu", "tpu"})
+    set_knobs(monkeypatch, recast_platforms=("cpu", "tpu"))
     e_loss, e_grads, _ = _autocast_step(model, compiled=False)
     loss, grads, (kept,) = _autocast_step(model, compiled=True)
     assert_same(loss, e_loss, atol=1e-2, rtol=1e-2)
     assert_same(grads, e_grads, atol=1e-2, rtol=1e-2, what="grads")
-    monkeypatch.setattr(aot, "RECAST_PARAMETERS", False)
+    set_knobs(monkeypatch, recast_parameters=False)
     *_, (kept_before,) = _autocast_step(model, compiled=True)
     # both bf16 weight copies (the input's gradient reads the first too)
     weights = sum(m.weight.numel() for m in (model.up, model.down)) * 2

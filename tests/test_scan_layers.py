@@ -263,7 +263,7 @@ def test_dropout_in_layers_stays_unrolled(caplog):
 
 
 def test_option_and_environment(monkeypatch):
-    from tpu_inductor.dynamo.config import parse_options
+    from tpu_inductor.dynamo.options import parse_options
 
     assert parse_options(None).scan_layers is False
     assert parse_options({"scan_layers": True}).scan_layers is True

@@ -51,13 +51,13 @@ def test_option_errors_list_every_problem():
 )
 def test_bad_mesh_or_plan(options, message):
     with pytest.raises(tpu_inductor.InvalidOptionError, match=message):
-        tpu_inductor.dynamo.config.parse_options(options)
+        tpu_inductor.dynamo.options.parse_options(options)
 
 
 def test_tp_needs_a_model_axis():
     mesh = jax.make_mesh((1,), ("data",))
     with pytest.raises(tpu_inductor.InvalidOptionError, match="needs a mesh axis named 'model'"):
-        tpu_inductor.dynamo.config.parse_options({"mesh": mesh, "shardings": "tp"})
+        tpu_inductor.dynamo.options.parse_options({"mesh": mesh, "shardings": "tp"})
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ ATOL, RTOL = tolerance(torch.float32, level="op")
 
 def _programs_per_call(fn, *args):
     """How many compiled programs one call of ``fn`` runs, and its result."""
-    before = {id(c.exes): c.exes.hits + c.exes.misses for c in list(cache.COMPILED)}
+    before = {id(c.exes): c.exes.stats.hits + c.exes.stats.misses for c in list(cache.COMPILED)}
     out = fn(*args)
     runs = 0
     seen = set()
@@ -29,7 +29,7 @@ def _programs_per_call(fn, *args):
         if id(c.exes) in seen:
             continue
         seen.add(id(c.exes))
-        runs += c.exes.hits + c.exes.misses - before.get(id(c.exes), 0)
+        runs += c.exes.stats.hits + c.exes.stats.misses - before.get(id(c.exes), 0)
     return runs, out
 
 

@@ -10,7 +10,7 @@ import torch
 import tpu_inductor
 from tests.helpers import assert_same, tiny_llama
 from tpu_inductor.core.errors import InvalidOptionError
-from tpu_inductor.dynamo.config import MODES, parse_options
+from tpu_inductor.dynamo.options import MODES, parse_options
 
 NEW_TOKENS = 8
 

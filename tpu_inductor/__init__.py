@@ -13,7 +13,8 @@ from tpu_inductor import debug, errors, testing
 # tpu_inductor.transformers.enable(model); left out of __all__ so that a star import never
 # shadows the transformers package itself. It imports transformers only when called.
 from tpu_inductor import transformers as transformers
-from tpu_inductor.core import VERSION
+from tpu_inductor.core import VERSION, config
+from tpu_inductor.core.config import list_options
 from tpu_inductor.dynamo.backend import reset
 
 # Importable, outside __all__: torch finds the backend through the torch_dynamo_backends
@@ -50,6 +51,9 @@ __all__ = [
     "warmup",
     "reset",
     "report",
+    # configuration
+    "config",
+    "list_options",
     # lowerings of your own
     "register_lowering",
     "registered_lowering",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_inductor.core.errors import InvalidOptionError
-from tpu_inductor.dynamo.config import parse_options
+from tpu_inductor.dynamo.options import parse_options
 
 #: backend names and functions that are this backend.
 BACKEND_NAMES = ("tpu", "tpu_inductor")

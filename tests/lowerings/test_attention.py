@@ -10,16 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tpu_inductor
 from tests.helpers import assert_same, compiled
 from tpu_inductor.lowering.lowerings import attention
 
 
 @pytest.fixture(params=["torch", "tpu"])
-def form(request, monkeypatch):
+def form(request):
     """Which form of attention the CPU compiles: torch's, or the TPU's (fused softmax)."""
-    if request.param == "tpu":
-        monkeypatch.setattr(attention, "FUSED_SOFTMAX_PLATFORMS", ("tpu", "cpu"))
-    return request.param
+    platforms = ("tpu", "cpu") if request.param == "tpu" else ("tpu",)
+    with tpu_inductor.config.patch(fused_softmax_platforms=platforms):
+        yield request.param
 
 
 @pytest.mark.parametrize(

@@ -42,11 +42,11 @@ def on_cpu(monkeypatch):
         seen.append([node.target for node in gm.graph.nodes if node.target in NEW])
         return n
 
-    monkeypatch.setattr(leading_dims, "PLATFORMS", {"tpu", "cpu"})
     monkeypatch.setattr(leading_dims, "keep_leading_dims", spy)
     torch._dynamo.reset()
     tpu_inductor.reset()
-    yield seen
+    with tpu_inductor.config.patch(leading_dims_platforms=("tpu", "cpu")):
+        yield seen
     torch._dynamo.reset()
 
 
@@ -105,7 +105,7 @@ def test_one_program_step_rewrites_weight_gradients(on_cpu):
 def test_off_the_tpu_nothing_is_rewritten():
     torch._dynamo.reset()
     tpu_inductor.reset()
-    assert "cpu" not in leading_dims.PLATFORMS
+    assert "cpu" not in tpu_inductor.config.get("leading_dims_platforms")
     block = _Block()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():

@@ -3,8 +3,8 @@
 On a TPU, SDPA over 1024+ query rows takes splash attention (no mask tensor, or a boolean one
 shared by the heads) or the blockwise form (any other mask), forward and backward. Here the
 same lowerings run on the CPU: splash in Pallas interpret mode, the blockwise form by adding the
-CPU to its platforms, both with ``MIN_LENGTH`` lowered so that small shapes take them. Every
-case is compared with eager's output and gradients."""
+CPU to its platforms, both with ``long_attention_min_length`` lowered so that small shapes take
+them. Every case is compared with eager's output and gradients."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tpu_inductor
-from tpu_inductor.lowering.lowerings import long_attention, splash_attention
+from tpu_inductor.lowering.lowerings import long_attention
 
 B, H, HKV, L, E = 2, 4, 2, 256, 32
 
@@ -23,17 +23,16 @@ B, H, HKV, L, E = 2, 4, 2, 256, 32
 @pytest.fixture
 def form(request, monkeypatch, caplog):
     """``"splash"`` (interpret mode) or ``"blockwise"`` on the CPU, at 256 query rows."""
-    monkeypatch.setattr(long_attention, "MIN_LENGTH", 256)
     monkeypatch.setattr(long_attention, "CHUNKS", (128,))
     if request.param == "splash":
-        monkeypatch.setattr(splash_attention, "SPLASH_ATTENTION", "interpret")
+        knobs = {"splash_attention": "interpret"}
     else:
-        monkeypatch.setattr(long_attention, "PLATFORMS", ("tpu", "cpu"))
-        monkeypatch.setattr(splash_attention, "SPLASH_ATTENTION", "off")
+        knobs = {"long_attention_platforms": ("tpu", "cpu"), "splash_attention": "off"}
     caplog.set_level(logging.DEBUG, logger="tpu_inductor")
     tpu_inductor.reset()
     torch._dynamo.reset()
-    yield request.param
+    with tpu_inductor.config.patch(long_attention_min_length=256, **knobs):
+        yield request.param
     tpu_inductor.reset()
     torch._dynamo.reset()
 
@@ -88,7 +87,8 @@ def test_long_sdpa_matches_eager(form, mask_kind, causal, on_splash, dtype, capl
 
 
 def test_short_sequences_and_the_cpu_keep_the_dense_form(caplog):
-    """Below MIN_LENGTH, or on a platform outside PLATFORMS, SDPA keeps its dense form."""
+    """Below long_attention_min_length, or on a platform outside long_attention_platforms, SDPA
+    keeps its dense form."""
     caplog.set_level(logging.DEBUG, logger="tpu_inductor")
     tpu_inductor.reset()
     torch._dynamo.reset()

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import assert_same, compiled
+from tests.helpers import assert_same, compiled, set_knobs
 
 
 def _grads(fn, *args):
@@ -87,9 +87,7 @@ def test_strided_stem_conv_weight_grad_by_patches(
     """A strided convolution over 3 channels (a CNN stem) takes its weight gradient as patches
     x output gradient (one dot; on TPUs only, forced here): the input, weight and bias
     gradients equal eager's."""
-    from tpu_inductor.lowering.lowerings import convolution
-
-    monkeypatch.setattr(convolution, "_PATCHES_PLATFORMS", ("tpu", "cpu"))
+    set_knobs(monkeypatch, conv_patches_platforms=("tpu", "cpu"))
     torch.manual_seed(0)
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)[dims - 1]
     layer = conv(3, 8, (5, 4, 3)[:dims], stride, padding, dilation).to(dtype)

@@ -1,10 +1,11 @@
 """flex_attention's TPU path, splash attention, run in Pallas interpret mode on CPU.
 
-``splash_attention.SPLASH_ATTENTION = "interpret"`` forces the kernel (``interpret=True``) on any
-device. Every splash case runs forward and backward (with a logsumexp gradient) and is compared
-with the float64 dense reference of ``tests/lowerings/test_flex_attention.py`` and with torch's
-eager flex forward; the DEBUG log of the lowering says which path each call took. Sizes are the
-smallest splash takes with more than one block per axis (sequence 256 in blocks of 128).
+``tpu_inductor.config.patch(splash_attention="interpret")`` forces the kernel
+(``interpret=True``) on any device. Every splash case runs forward and backward (with a
+logsumexp gradient) and is compared with the float64 dense reference of
+``tests/lowerings/test_flex_attention.py`` and with torch's eager flex forward; the DEBUG log of
+the lowering says which path each call took. Sizes are the smallest splash takes with more than
+one block per axis (sequence 256 in blocks of 128).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch.nn.attention.flex_attention import (
     noop_mask,
 )
 
+import tpu_inductor
 from tests.helpers import compiled
 from tests.lowerings.test_flex_attention import dense_reference
 from tpu_inductor.lowering.lowerings import splash_attention
@@ -34,8 +36,9 @@ BF16_TOL = {"atol": 3e-2, "rtol": 3e-2}
 
 
 @pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setattr(splash_attention, "SPLASH_ATTENTION", "interpret")
+def interpret():
+    with tpu_inductor.config.patch(splash_attention="interpret"):
+        yield
 
 
 @pytest.fixture
@@ -169,7 +172,7 @@ def test_dynamic_document_mask_gqa_and_bfloat16(interpret, decisions):
 
 
 def test_dense_path_is_chosen_on_cpu_by_default(decisions):
-    assert splash_attention.SPLASH_ATTENTION == "auto"
+    assert tpu_inductor.config.get("splash_attention") == "auto"
     q, k, v = (torch.randn(1, 2, S, D) for _ in range(3))
     bm = create_block_mask(causal, None, None, S, S, device="cpu")
     out = compiled(lambda q, k, v: flex_attention(q, k, v, block_mask=bm))(q, k, v)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tpu_inductor
-from tpu_inductor.lowering.lowerings import linalg
+from tests.helpers import set_knobs
 from tpu_inductor.tpu import programs
 
 
@@ -61,12 +61,10 @@ def test_half_precision_projections_need_no_layout_copies(dtype, monkeypatch):
     x = torch.randn(4, 256, 256, dtype=dtype)
     # On the graph as AOTAutograd hands it over: products over unflattened activations
     # (leading_dims.py) leave this module no copy either way (measured: 0 with or without it).
-    from tpu_inductor.lowering import leading_dims
-
-    monkeypatch.setattr(leading_dims, "PLATFORMS", set())
-    monkeypatch.setattr(linalg, "TPU_HALF_DOTS", False)
+    set_knobs(monkeypatch, leading_dims_platforms=())
+    set_knobs(monkeypatch, tpu_half_dots=False)
     before = _copies(module, x)
-    monkeypatch.setattr(linalg, "TPU_HALF_DOTS", True)
+    set_knobs(monkeypatch, tpu_half_dots=True)
     after = _copies(module, x)
     # Measured: 1 copy without the lever (a projection's float32 result converted, then laid
     # out again for the heads), none with it.
@@ -112,16 +110,14 @@ def test_products_over_unaligned_tokens_keep_their_leading_dims(monkeypatch):
     """197 tokens (a ViT's) are not a multiple of the TPU tile's 8 rows: flattening
     ``[4, 197, 256]`` to ``[788, 256]`` for a 2-D product is a physical reshape on each side
     of every linear layer, unless the product reads the activation as it is (leading_dims.py)."""
-    from tpu_inductor.lowering import leading_dims
-
     mlp = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)
     ).to(torch.bfloat16)
     x = torch.randn(4, 197, 256, dtype=torch.bfloat16)
     relayouts = ("copy", "reshape")  # on a TPU a reshape across tiles is physical
-    monkeypatch.setattr(leading_dims, "PLATFORMS", set())
+    set_knobs(monkeypatch, leading_dims_platforms=())
     before = _copies(mlp, x, relayouts)
-    monkeypatch.setattr(leading_dims, "PLATFORMS", {"tpu"})
+    set_knobs(monkeypatch, leading_dims_platforms=("tpu",))
     after = _copies(mlp, x, relayouts)
     # Measured: 2 reshapes and 2 copies (the input's and a view's) without the rewrite; with it,
     # one copy: the result laid out row-major for the caller.
@@ -160,14 +156,13 @@ def test_autocast_saves_no_bf16_copy_of_the_weights(monkeypatch):
     the forward hands the backward no bf16 copy of a linear layer's weight (the backward casts
     the resident float32 weight again, fused into its matmuls: capture/saved.py)."""
     from tests.helpers import tiny_llama
-    from tpu_inductor.capture import aot
 
     model = tiny_llama()
     linear = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, torch.nn.Linear))
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     outputs = {}
     for on in (False, True):
-        monkeypatch.setattr(aot, "RECAST_PARAMETERS", on)
+        set_knobs(monkeypatch, recast_parameters=on)
         torch._dynamo.reset()
         tpu_inductor.reset()
         cm = torch.compile(model, backend="tpu", options={"target": "v5e"})
@@ -213,13 +208,12 @@ def test_bf16_attention_costs_what_jax_attention_costs(monkeypatch):
     bytes ``jax.nn.dot_product_attention`` moves: with the fused-softmax form and no
     ``Precision.HIGHEST`` on bf16 operands, XLA makes scores, row max, exponentials and row sums
     one fusion; torch's form writes the float32 scores and reads them again."""
-    from tpu_inductor.lowering.lowerings import attention
 
     module = _Attention(dim=512, heads=8).to(torch.bfloat16).eval()  # the benchmarks' heads
     x = torch.randn(4, 256, 512, dtype=torch.bfloat16)
     hand = _hand_attention_block_bytes(module, x)
     ours = _program(module, x).bytes_accessed
-    monkeypatch.setattr(attention, "FUSED_SOFTMAX_PLATFORMS", ())
+    set_knobs(monkeypatch, fused_softmax_platforms=())
     torch_form = _program(module, x).bytes_accessed
     # Measured (libtpu 0.0.42.1): hand 40.06 MB, ours 40.19 MB, torch's form 48.67 MB.
     assert ours <= 1.01 * hand, (ours, hand)

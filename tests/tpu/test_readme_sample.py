@@ -1,8 +1,8 @@
-"""The README's sample TPU report is what ``examples/compile_for_tpu.py --readme-sample``
+"""docs/planning.md's sample TPU report is what ``examples/compile_for_tpu.py --readme-sample``
 prints: the same lines, the same words, every figure within 2% (compile seconds and the libtpu
 version aside). When it drifts, regenerate it:
 ``JAX_PLATFORMS=cpu python examples/compile_for_tpu.py --readme-sample`` and paste the report
-into README.md's block under "Compiling for a TPU you don't have"."""
+into docs/planning.md's block under "Compiling for a TPU you don't have"."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def readme_sample() -> str:
-    """The README block that starts with the report's header line."""
-    text = (ROOT / "README.md").read_text()
+    """The docs/planning.md block that starts with the report's header line."""
+    text = (ROOT / "docs" / "planning.md").read_text()
     blocks = re.findall(r"```\n(tpu-inductor TPU report:.*?)```", text, re.S)
-    assert len(blocks) == 1, "README.md must hold exactly one sample TPU report"
+    assert len(blocks) == 1, "docs/planning.md must hold exactly one sample TPU report"
     return blocks[0]
 
 
@@ -38,7 +38,7 @@ def differences(expected: str, actual: str, rel: float = 0.02) -> list[str]:
     want = [line for line in expected.strip().splitlines() if line.strip()]
     got = [line for line in actual.strip().splitlines() if line.strip()]
     if len(want) != len(got):
-        return [f"{len(got)} lines, the README has {len(want)}"]
+        return [f"{len(got)} lines, docs/planning.md has {len(want)}"]
     bad = []
     for w, g in zip(want, got, strict=True):
         (w_words, w_nums), (g_words, g_nums) = _normal(w), _normal(g)
@@ -47,7 +47,7 @@ def differences(expected: str, actual: str, rel: float = 0.02) -> list[str]:
             for a, b in zip(w_nums, g_nums, strict=True)
         )
         if w_words != g_words or not close:
-            bad.append(f"README: {w.strip()}\n   now: {g.strip()}")
+            bad.append(f"docs: {w.strip()}\n   now: {g.strip()}")
     return bad
 
 
@@ -61,7 +61,7 @@ def test_readme_sample_matches_what_the_example_prints():
         cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     bad = differences(readme_sample(), out.stdout)
-    assert not bad, "README sample drifted (see the module docstring):\n" + "\n".join(bad)
+    assert not bad, "docs/planning.md sample drifted (see the module docstring):\n" + "\n".join(bad)
 
 
 def test_the_drift_check_can_fail():

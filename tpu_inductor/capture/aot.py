@@ -15,6 +15,7 @@ import torch._decomp
 from torch._decomp import core_aten_decompositions
 
 from tpu_inductor.capture import foreach, saved
+from tpu_inductor.core import config
 from tpu_inductor.lowering import custom_ops, leading_dims
 
 
@@ -87,20 +88,8 @@ def _builtin_decomposition_table() -> dict:
     return table
 
 
-# How AOTAutograd splits a joint graph into forward and backward: "min_cut" (its min-cut
-# rematerialization partitioner, what Inductor uses: the backward recomputes cheap ops, e.g.
-# pointwise chains, views and transposes, instead of the forward saving their results) or
-# "default" (save every intermediate the backward reads). Benchmarks switch it to measure it.
-PARTITIONER = "min_cut"
-# What the min-cut partitioner may have the backward recompute instead of the forward saving
-# (capture/saved.py): log-softmax from its row statistics (every platform), and autocast's casts
-# of the parameters (saved.RECAST_PLATFORMS). Benchmarks switch them off to measure them.
-SPLIT_LOG_SOFTMAX = True
-RECAST_PARAMETERS = True
-
-
 def partition_fn(platform: str | None = None) -> Callable:
-    """The partition function AOTAutograd uses (see ``PARTITIONER``) for graphs that run on
+    """The partition function AOTAutograd uses (the knob ``partitioner``) for graphs that run on
     ``platform``. On a TPU the joint graph's products first read their activations unflattened
     (``lowering/leading_dims.py``), so the forward saves the ``[..., K]`` activation the weight
     gradient contracts rather than a flattened copy of it; then ``capture/saved.py`` lets the
@@ -111,9 +100,9 @@ def partition_fn(platform: str | None = None) -> Callable:
         min_cut_rematerialization_partition,
     )
 
-    rewrite = platform in leading_dims.PLATFORMS
+    rewrite = platform in config.get("leading_dims_platforms")
 
-    if PARTITIONER == "default":
+    if config.get("partitioner") == "default":
         if not rewrite:
             return default_partition
 
@@ -127,9 +116,9 @@ def partition_fn(platform: str | None = None) -> Callable:
         if rewrite:
             leading_dims.keep_leading_dims(joint_module)
         _save_user_outputs(joint_module, num_fwd_outputs)
-        if SPLIT_LOG_SOFTMAX:
+        if config.get("split_log_softmax"):
             saved.split_log_softmax(joint_module)
-        if RECAST_PARAMETERS and platform in saved.RECAST_PLATFORMS:
+        if config.get("recast_parameters") and platform in config.get("recast_platforms"):
             saved.recast_parameters(joint_module, kwargs.get("static_lifetime_input_indices") or ())
         return min_cut_rematerialization_partition(
             joint_module, joint_inputs, "inductor", num_fwd_outputs=num_fwd_outputs, **kwargs

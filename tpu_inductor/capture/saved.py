@@ -14,11 +14,12 @@ and bytes:
   torch's own decomposition (and of ``jax.nn.log_softmax``, so the forward computes the same
   numbers); the partitioner then saves the two ``[rows, 1]`` statistics.
 - **Autocast's casts of the parameters** (:func:`recast_parameters`, TPUs only:
-  ``RECAST_PLATFORMS``). Under ``torch.autocast`` each float32 weight is cast to bf16 for its
-  matmul; the backward's matmul reads that cast too, so the partitioner saved a bf16 copy of
-  every weight, written by the forward and held in HBM until the backward, where the float32
-  weight itself is there throughout (parameters are free to save). Marked to be recomputed,
-  the backward casts again, which XLA:TPU fuses into the matmul reading the float32 weight.
+  the knob ``recast_platforms``). Under ``torch.autocast`` each float32 weight is cast to
+  bf16 for its matmul; the backward's matmul reads that cast too, so the partitioner saved a
+  bf16 copy of every weight, written by the forward and held in HBM until the backward, where
+  the float32 weight itself is there throughout (parameters are free to save). Marked to be
+  recomputed, the backward casts again, which XLA:TPU fuses into the matmul reading the float32
+  weight.
 
 Measured (``python -m benchmarks.tpu_programs --layers 1 ...``, v5e, compile only): see
 ``docs/architecture.md``, "What a split step saves".
@@ -78,9 +79,6 @@ def split_log_softmax(gm: fx.GraphModule) -> int:
     if done:
         gm.recompile()
     return done
-
-
-RECAST_PLATFORMS = {"tpu"}  # where recast_parameters runs (tests add "cpu" to check numbers)
 
 
 def recast_parameters(gm: fx.GraphModule, static_inputs) -> int:

@@ -5,14 +5,72 @@ One job: the runtime calls executables, this picks where they run and how they a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 
 import jax
 
 from tpu_inductor.core.errors import InvalidOptionError
 
 log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.core.devices"
+
+
+# libtpu, loaded by JAX wherever it is installed, looks for the TPU it runs on and, on a machine
+# without one, prints a 5-line E0000 block before JAX goes on without it. These say "no TPU here,
+# a single host, others may load libtpu too" so that it fails quietly and takes no lockfile.
+QUIET_LIBTPU = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+def tpu_attached() -> bool:
+    """Whether this machine has a TPU chip on its PCI bus (JAX's own check; ``True`` where this
+    JAX lacks it, so nothing is quieted that might be a TPU)."""
+    try:
+        from jax._src.hardware_utils import num_available_tpu_chips_and_device_id
+    except ImportError:
+        return True
+    try:
+        return num_available_tpu_chips_and_device_id()[0] > 0
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def quiet_libtpu():
+    """Let libtpu load without its search for a TPU, where none is attached.
+
+    Each variable of :data:`QUIET_LIBTPU` is set only where unset (a user's own value wins) and
+    only for the ``with`` block; nothing changes on a machine with a TPU.
+    """
+    if tpu_attached():
+        yield
+        return
+    added = {k: v for k, v in QUIET_LIBTPU.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+@functools.cache
+def start_jax() -> None:
+    """Start JAX's backends once, the first time tpu-inductor needs a device.
+
+    JAX starts every backend it can on its first device query, libtpu's included; this does it
+    under :func:`quiet_libtpu`, so a machine without a TPU shows no libtpu error block. JAX still
+    reads ``JAX_PLATFORMS`` itself: ``JAX_PLATFORMS=cpu`` never loads libtpu. Where the user's
+    code started JAX first, this changes nothing.
+    """
+    with quiet_libtpu():
+        jax.devices()
 
 
 @functools.cache
@@ -25,6 +83,7 @@ def select_device(name: str | None) -> jax.Device:
     Raises:
         InvalidOptionError: if the named kind is not present, listing what is.
     """
+    start_jax()
     kinds = [name] if name else ["tpu", "gpu", "cpu"]
     for kind in kinds:
         try:

@@ -119,12 +119,12 @@ def after_build(exes) -> None:
     """Called by ``runtime.Executables`` after it built an executable: say a hint if the
     graph's builds now match one of the patterns (once per graph, and once per pattern and
     input: a backward graph says nothing its forward has not)."""
-    if exes.hinted or len(exes.builds) < 2 or "backward" in exes.name:
+    if exes.stats.hinted or len(exes.builds) < 2 or "backward" in exes.name:
         return
     signatures = [b.signature for b in exes.builds]
     grew = growing(signatures)
     if grew is not None:
-        exes.hinted = True
+        exes.stats.hinted = True
         _say(("growing", exes.name), _growing_message(exes, grew))
         return
     prev, new = exes.builds[-2], exes.builds[-1]
@@ -133,7 +133,7 @@ def after_build(exes) -> None:
         return
     shrunk = shrunk_batch(_shapes(exes, prev.signature), _shapes(exes, new.signature))
     if shrunk is not None:
-        exes.hinted = True
+        exes.stats.hinted = True
         big, small, names = shrunk
         how = "options" if "inference" in exes.name else None
         message = _last_batch_message(
@@ -143,7 +143,7 @@ def after_build(exes) -> None:
 
 
 def _input_name(exes, k: int) -> str:
-    names = getattr(exes, "input_names", None)
+    names = exes.stats.input_names
     pos = exes._tensor_pos[k] if k < len(exes._tensor_pos) else None
     if names and pos is not None and pos < len(names) and names[pos]:
         return names[pos]
@@ -172,7 +172,8 @@ def _growing_message(exes, grew: dict) -> str:
     also = f"; {others} other size(s) grow with it" if others > 0 else ""
     padding = (
         ""
-        if exes.checked or exes.padding_off  # shape buckets are on (or were turned off)
+        if exes.stats.padding_checked
+        or exes.stats.padding_off  # shape buckets are on (or were turned off)
         else "; where zeros at the end of that dimension can't change the results (not for "
         "transformers' cache, whose mask follows its length), options={'pad_to': 'pow2'} "
         "buckets the sizes (one executable per power of two, checked against an exact run)"
@@ -226,7 +227,7 @@ class FrameGraph:
 
     def calls(self) -> int:
         """Calls of the graph so far (its executables' hits and misses)."""
-        return sum(e.hits + e.misses for e in self.live())
+        return sum(e.stats.hits + e.stats.misses for e in self.live())
 
 
 _FRAMES: dict = {}

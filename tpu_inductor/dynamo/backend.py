@@ -26,19 +26,20 @@ import torch.fx as fx
 
 from tpu_inductor.capture import aot as capture
 from tpu_inductor.capture.partition import split_for_fallback
-from tpu_inductor.core import hints, stages, transfers
+from tpu_inductor.core import config, hints, stages, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
 from tpu_inductor.core.dtypes import TPU_UNSUPPORTED, reject_tpu_64bit
 from tpu_inductor.core.errors import UnsupportedInputError
 from tpu_inductor.core.stages import FrameStages
 from tpu_inductor.dynamo import breaks, optimizers, regions
-from tpu_inductor.dynamo.config import (
+from tpu_inductor.dynamo.options import (
     Options,
     configure_logging,
     parse_options,
+    plan_of,
     program_fingerprint,
-    switch_values,
 )
+from tpu_inductor.dynamo.user_errors import our_errors_first
 from tpu_inductor.lowering import custom_ops, refusals
 from tpu_inductor.lowering.lower import (
     check_dtypes,
@@ -70,6 +71,7 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 _graph_ids = itertools.count()
 
 
+@our_errors_first
 def tpu_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -82,10 +84,10 @@ def tpu_backend(
         gm: the torch-level FX graph Dynamo captured.
         example_inputs: its example inputs (FakeTensors, SymInts).
         options: ``torch.compile(..., options={...})``; see
-        :class:`tpu_inductor.dynamo.config.Options`.
+        every knob of :func:`tpu_inductor.list_options` that ``per_compile`` allows.
         mode: ``torch.compile(..., mode=...)``: ``"default"``, ``"reduce-overhead"``,
             ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``; all compile the same way
-            here (see :data:`tpu_inductor.dynamo.config.MODES` for why).
+            here (see :data:`tpu_inductor.dynamo.options.MODES` for why).
 
     Returns:
         A callable running the graph through JAX, forward and backward.
@@ -103,6 +105,13 @@ def tpu_backend(
     dynamo_s = stages.dynamo_seconds()  # before any of our work
     opts = parse_options(options, mode)
     configure_logging()
+    optimizers.quiet_profiler_note()  # before a compiled opt.step is traced
+    with config.scope(opts):  # every stage reads this compile's knobs (core/config.py)
+        return _compile_frame(gm, example_inputs, opts, dynamo_s)
+
+
+def _compile_frame(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options, dynamo_s):
+    """:func:`tpu_backend`'s work, inside its options' scope."""
     refusals.check_graph(gm)  # what eager's kernels refuse and fake tensors let through
     breaks.restart_to_join_step(gm)  # opt.step() joins this frame's program (may restart)
     if opts.scan_layers:  # repeated layers traced once (may restart)
@@ -117,7 +126,7 @@ def tpu_backend(
     )
     frame = hints.frame_graph(gm, example_inputs, _input_name)
     optimizers.hint_float_hyperparameters(gm, example_inputs)
-    plan = opts.plan
+    plan = plan_of(opts)
     if plan is not None:
         device = plan.mesh.devices.flat[0]
         sharding.place_graph(plan, gm, example_inputs)
@@ -155,7 +164,7 @@ def _saved_programs(gm, example_inputs, opts: Options, device, dynamo_s: float):
     when a previous process saved them), else the :class:`program_store.Entry` its compile
     records into (``None`` when the graph can't be kept: a sharding plan, a TPU target, shape
     buckets, inputs that are not plain static tensors)."""
-    if opts.target is not None or opts.plan is not None or opts.pad_to:
+    if opts.target is not None or opts.mesh is not None or opts.pad_to:
         return None, None
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     fingerprint = program_fingerprint(opts, device, precision, custom_ops.fingerprint())
@@ -166,8 +175,8 @@ def _saved_programs(gm, example_inputs, opts: Options, device, dynamo_s: float):
     if warm is None:
         return program_store.Entry(opts.cache_dir, key, fingerprint), None
     first = warm.graph if isinstance(warm, program_store.WarmInference) else warm.forward
-    first.exes.frame = FrameStages(dynamo=dynamo_s, load=warm.load_seconds)
-    first.exes.frame_owner = True
+    first.exes.stats.frame = FrameStages(dynamo=dynamo_s, load=warm.load_seconds)
+    first.exes.stats.frame_owner = True
     return None, warm
 
 
@@ -179,10 +188,10 @@ def _attribute_stages(built: list, dynamo_s: float, aot_and_lower_s: float) -> N
     lowering = sum(e.lower_seconds for e in {id(e): e for e in built}.values())
     frame = FrameStages(dynamo=dynamo_s, aot=max(0.0, aot_and_lower_s - lowering))
     for e in built:
-        if e.frame is None:  # a program reused from the in-memory cache keeps its first frame
-            e.frame = frame
-    if built[0].frame is frame:
-        built[0].frame_owner = True
+        if e.stats.frame is None:  # a program reused from the in-memory cache keeps its own
+            e.stats.frame = frame
+    if built[0].stats.frame is frame:
+        built[0].stats.frame_owner = True
 
 
 def check_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
@@ -469,20 +478,18 @@ def _is_ours(value: str) -> bool:
 
 
 def _config_key(opts: Options, device: jax.Device) -> tuple:
-    """Everything besides the graph that changes what a graph compiles to."""
+    """Everything besides the graph that changes what a graph compiles to: every knob that
+    changes programs (core/config.py), and two that shape the graph's runtime object."""
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
+    plan = plan_of(opts)
     return (
+        config.program_key(opts),
         precision,
-        opts.check_meta,
         opts.max_executables,
-        opts.pad_to,
         opts.transfers,
-        str(device),
+        str(device),  # compile-only devices of different topologies print alike: target is in
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
-        None if opts.plan is None else opts.plan.key(),
-        opts.target,  # compile-only devices of different topologies print alike
-        opts.scan_layers,
-        switch_values(),  # the module-level switches benchmarks flip
+        None if plan is None else plan.key(),
     )
 
 
@@ -517,7 +524,7 @@ def _aot_backend(
                 hints.attach(frame, exes)
                 n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
                 if n >= len(frame.names):  # effect tokens come first
-                    exes.input_names = [None] * (n - len(frame.names)) + frame.names
+                    exes.stats.input_names = [None] * (n - len(frame.names)) + frame.names
             if kind == "forward":
                 capture.never_donate_backward_buffers()
                 if isinstance(compiled, CompiledGraph):
@@ -576,11 +583,6 @@ def _record(entry: program_store.Entry, kind: str, compiled, static, n_inputs: i
     )
 
 
-# Tests set this to run the accelerators' donation path on CPU (JAX's CPU client donates too);
-# executables already built keep what they were built with, so clear the cache around it.
-DONATE_ON_CPU = False
-
-
 def compile_graph(
     gm: fx.GraphModule,
     opts: Options,
@@ -602,6 +604,11 @@ def compile_graph(
         A boxed callable taking and returning torch tensors (saved activations of a training
         forward stay on the device behind placeholders; see ``CompiledGraph``).
     """
+    with config.scope(opts):  # a backward compiles lazily, outside tpu_backend's scope
+        return _compile_graph(gm, opts, device, kind, static_positions)
+
+
+def _compile_graph(gm, opts: Options, device, kind: str, static_positions) -> CompiledGraph:
     for module in gm.modules():  # torch's NaN at lr == 0 (optimizers.py), subgraphs too
         if isinstance(module, fx.GraphModule):
             optimizers.repair_capturable_adam(module)
@@ -615,7 +622,7 @@ def compile_graph(
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     options = compiler_options(platform, kind)
     key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
-    plan = opts.plan
+    plan = plan_of(opts)
     n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
     saved = capture.saved_output_positions(n_outputs) if kind == "forward" else ()
     n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
@@ -635,7 +642,7 @@ def compile_graph(
         name = f"graph{next(_graph_ids)}-{programs.role_of(gm, kind).replace(' ', '-')}"
         dump = _dump_graph(opts.dump_dir, name, gm) if opts.dump_dir else None
         # Donate on accelerators only: on CPU a donated buffer may be a user's tensor memory.
-        donating = platform != "cpu" or DONATE_ON_CPU
+        donating = platform != "cpu" or opts.donate_on_cpu
         donate = [m.input_index for m in lowered.mutations] if donating else []
         return Executables(
             lowered,

@@ -63,7 +63,7 @@ FIXES: list[tuple[str, str]] = [
         "skip_fwd_side_effects_in_bwd_under_checkpoint = True before the first call (safe "
         "when the checkpointed code's Python side effects need not run again in the backward's "
         "recomputation, as for transformers with the kernels package, whose attention wrapper "
-        "sets a context variable and resets it in the same layer; README Training loop)",
+        "sets a context variable and resets it in the same layer; docs/training.md, Training loop)",
     ),
     (
         "lr_scheduler.py",

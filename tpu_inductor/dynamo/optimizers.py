@@ -589,3 +589,40 @@ _CREATE: dict[type, Callable] = {
     torch.optim.AdamW: _adam_state,
     torch.optim.SGD: _sgd_state,
 }
+
+
+class _OptimizerProfilerNote(logging.Filter):
+    """Drops Dynamo's "Profiler record function ... will be ignored" while it traces a frame
+    for a tpu-inductor backend: ``Optimizer.step`` opens a profiler range, which a compiled
+    program has no use for (its ops carry the user's names as XLA scopes), so every compiled
+    ``opt.step`` printed it. Other backends' traces keep the note."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Profiler record function"):
+            return True
+        try:
+            from torch._dynamo.symbolic_convert import InstructionTranslator
+
+            fn = InstructionTranslator.current_tx().output.compiler_fn
+        except AttributeError:  # not inside a Dynamo trace
+            return True
+        for _ in range(4):  # Dynamo's debug wrapper, torch.compile's options wrapper
+            if getattr(fn, "__module__", "").startswith("tpu_inductor."):
+                return False
+            fn = getattr(fn, "compiler_fn", None)
+        return True
+
+
+_PROFILER_NOTE = _OptimizerProfilerNote()
+
+
+def quiet_profiler_note() -> None:
+    """Keep Dynamo's profiler-range note out of tpu-inductor's compiled optimizer steps.
+
+    Called by the backend on first use, never on import: it adds one filter to the logger of
+    ``torch._dynamo.variables.ctx_manager`` (once), which drops only that note and only while
+    Dynamo traces for this backend.
+    """
+    logger = logging.getLogger("torch._dynamo.variables.ctx_manager")
+    if _PROFILER_NOTE not in logger.filters:
+        logger.addFilter(_PROFILER_NOTE)

@@ -18,8 +18,8 @@ float32 next are left 2-D (``_widened_layers``).
 
 Measured (``python -m benchmarks.tpu_programs --layers 1 --only vit-train-bf16 --contenders
 hand,ours-1prog``, v5e, compile only): see ``docs/architecture.md``, "Products over leading
-dimensions". Only for TPUs (``PLATFORMS``): on XLA:CPU and GPU a row-major flattening is a
-bitcast, and their programs stay as they were.
+dimensions". Only for TPUs (the knob ``leading_dims_platforms``): on XLA:CPU and GPU a
+row-major flattening is a bitcast, and their programs stay as they were.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from tpu_inductor.lowering.lowerings.linalg import addmm_leading, matmul_leading
 
 aten = torch.ops.aten
 
-PLATFORMS = {"tpu"}  # where the rewrite runs (tests add "cpu" to check its numbers against eager)
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 # Marks a product left 2-D (_widened_layers); the mark survives AOTAutograd's split, so the
 # forward and backward graphs keep what the joint graph's rewrite kept.

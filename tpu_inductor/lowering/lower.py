@@ -24,6 +24,7 @@ import torch.fx as fx
 from jax import lax
 from torch.fx.node import map_arg
 
+from tpu_inductor.core import config
 from tpu_inductor.core.boundary import is_traced
 from tpu_inductor.core.dtypes import (
     TPU_UNSUPPORTED,
@@ -369,7 +370,7 @@ def lower_graph(
         UnsupportedOpError: listing every op without a lowering.
     """
     check_supported(gm)
-    if platform in leading_dims.PLATFORMS:
+    if platform in config.get("leading_dims_platforms"):
         leading_dims.keep_leading_dims(gm)
     if scan_layers:
         from tpu_inductor.lowering.scan_calls import tidy_calls

@@ -128,7 +128,7 @@ class PaddedGraph:
     def __call__(self, args: list) -> list:
         c, low = self.compiled, self.lowered
         exes = c.exes
-        if exes.padding_off:
+        if exes.stats.padding_off:
             return c(args)
         seed = draw_seed() if low.has_rng else None
         originals = list(args)
@@ -160,11 +160,11 @@ class PaddedGraph:
                     outs[k] = slice_output(outs[k], low.output_metas[j], real)
             result = c._assemble(outs, originals)
         c.transfers.steady = True
-        if signature not in exes.checked and not low.has_rng:
-            exes.checked.add(signature)
+        if signature not in exes.stats.padding_checked and not low.has_rng:
+            exes.stats.padding_checked.add(signature)
             exact = list(self.gm(*originals))
             if not results_match(result, exact):
-                exes.padding_off = True
+                exes.stats.padding_off = True
                 warn_padding_changed_results(exes.name, signature)
                 return exact
         return result

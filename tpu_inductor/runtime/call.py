@@ -19,10 +19,11 @@ import time
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_inductor.core import hints
+from tpu_inductor.core import config, hints
 from tpu_inductor.core.boundary import (
     EFFECT_TOKEN,
     jax_to_host,
@@ -37,7 +38,7 @@ from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
 from tpu_inductor.core.shapes import strided_index
 from tpu_inductor.core.transfers import D2H, H2D, Counter
 from tpu_inductor.lowering import mesh_scope
-from tpu_inductor.runtime import cache, device_owned, signatures
+from tpu_inductor.runtime import cache, device_owned
 from tpu_inductor.runtime.device_owned import (
     DeviceTensor,
     is_owned,
@@ -45,6 +46,7 @@ from tpu_inductor.runtime.device_owned import (
     mark_pending,
     unwrap,
 )
+from tpu_inductor.runtime.graph_stats import GraphStats
 from tpu_inductor.runtime.residency import (
     VALUES,
     StackSlice,
@@ -117,6 +119,7 @@ class Executables:
         # (program_store.StoreSlot: exported, saved, compiled from the export); None: directly
         self.store = None
         self.plan = plan
+        self.config = config.current()  # the knobs its compile ran with, for each later trace
         self.donated = frozenset(donate)  # input positions whose buffers the executable reuses
         # Under a sharding plan: graph output -> the sharding its updated input keeps.
         self._constraints: dict[int, object] = {}
@@ -128,18 +131,7 @@ class Executables:
         self.lower_seconds = lower_seconds
         self.entries: collections.OrderedDict[tuple, object] = collections.OrderedDict()
         self.builds: list[Build] = []
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-        # Bytes of activations the last call of a training forward kept for the backward
-        # (set by CompiledGraph; report().graphs[i].saved_bytes).
-        self.saved_bytes = 0
-        self.checked: set = set()  # padded signatures already compared with an exact run
-        self.padding_off = False
-        self.input_names: list | None = None  # the user's names of the graph's inputs
-        self.hinted = False  # a recompile hint was said for this graph (hints.py)
-        self.frame = None  # its Dynamo graph's stages.FrameStages (set by the backend)
-        self.frame_owner = False  # whether report() counts the frame's seconds on this graph
+        self.stats = GraphStats()  # what report() shows, hints and buckets remember
         self._lock = threading.Lock()
         # The executable's inputs: the graph's, or with stacked state (lowering/packing.py) one
         # per packed slot (a stack stands for its members). Positions below are slots.
@@ -164,10 +156,9 @@ class Executables:
         def traced(seed, *inputs):  # named after the graph: jit(graph3_forward)/... in profiles
             cache.STATS.traces += 1
             if zeros:
-                inputs = [
-                    jax.numpy.zeros(a.shape, a.dtype) if type(a) is Zeros else a for a in inputs
-                ]
-            with mesh_scope.tracing_on(*((self.plan.mesh, self.plan.inputs) if self.plan else ())):
+                inputs = [jnp.zeros(a.shape, a.dtype) if type(a) is Zeros else a for a in inputs]
+            mesh = (self.plan.mesh, self.plan.inputs) if self.plan else ()
+            with config.scope(self.config), mesh_scope.tracing_on(*mesh):
                 outs = fn(seed, *inputs)
             if self._constraints:
                 outs = list(outs)
@@ -218,7 +209,7 @@ class Executables:
         """The executable for ``signature``, compiling it on first use."""
         exe = self.entries.get(signature)
         if exe is not None:
-            self.hits += 1
+            self.stats.hits += 1
             if len(self.entries) > 1:
                 self.entries.move_to_end(signature)
             return exe
@@ -226,7 +217,7 @@ class Executables:
             exe = self.entries.get(signature)
             if exe is not None:
                 return exe
-            self.misses += 1
+            self.stats.misses += 1
             start = time.perf_counter()
             with compile_progress(self.name, sum(self.lowered.ops.values())):
                 if self.store is not None:
@@ -243,7 +234,7 @@ class Executables:
             self.entries[signature] = exe
             if len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
-                self.evictions += 1
+                self.stats.evictions += 1
             log.info(
                 "%s: built executable #%d (%s) in %.2fs",
                 self.name,
@@ -309,7 +300,7 @@ class Executables:
                 signature=signature,
                 reason=reason,
                 seconds=seconds,
-                calls=self.hits + self.misses,
+                calls=self.stats.hits + self.stats.misses,
                 xla_seconds=xla_seconds,
             )
         )
@@ -500,7 +491,7 @@ class CompiledGraph:
                 # autograd filled a tangent with zeros (an output nobody differentiated): a
                 # constant of the program; any other zero input is made on the device instead
                 # of being sent
-                if i in self._tangents and signatures.ZERO_TANGENTS:
+                if i in self._tangents and self.exes.config.zero_tangents:
                     return Zeros.like(t)
                 where = self.plan.replicated() if self.plan is not None else self.device
                 return device_zeros(tuple(t.shape), to_jax_dtype(t.dtype), where, self._zeros)
@@ -588,7 +579,7 @@ class CompiledGraph:
                 if exe is None:
                     exe = self._executable(seed, arrays, statics)
                 else:
-                    self.exes.hits += 1
+                    self.exes.stats.hits += 1
             elif exe is not None:
                 if self._lookup_first:  # parameters first: their device copies, one call each
                     lookup = VALUES.lookup
@@ -603,7 +594,7 @@ class CompiledGraph:
                 else:
                     arrays = [get(i, a) for i, a in enumerate(args)]
                 args.clear()
-                self.exes.hits += 1
+                self.exes.stats.hits += 1
             else:
                 tensor_inputs = self._tensor_inputs
                 arrays, statics = [], []
@@ -679,7 +670,7 @@ class CompiledGraph:
             else:
                 result.append(self._output(outs[k]))
         if self._saved:
-            self.exes.saved_bytes = saved_bytes
+            self.exes.stats.saved_bytes = saved_bytes
         return result
 
     def _write_back(self, outs, inputs: list, lazy: bool = False) -> None:

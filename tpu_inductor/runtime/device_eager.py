@@ -39,7 +39,6 @@ import collections
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 
@@ -51,9 +50,9 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from tpu_inductor.core import config
 from tpu_inductor.core.boundary import nbytes, tensor_to_host, tensor_to_jax
 from tpu_inductor.core.dtypes import to_jax_dtype
-from tpu_inductor.core.errors import InvalidOptionError
 from tpu_inductor.core.transfers import D2H, H2D, TOTAL
 from tpu_inductor.runtime import device_owned
 from tpu_inductor.runtime.residency import VALUES
@@ -74,27 +73,7 @@ _NEVER = frozenset(
     }
 )
 
-EAGER_OPS = ("device", "host")
-
-
-def eager_ops() -> str:
-    """``TPU_INDUCTOR_EAGER_OPS``: where eager ops on device-owned state (``keep_on_device``)
-    run: ``"device"`` (the default: through the lowering table, see device_eager.py) or
-    ``"host"`` (sync what they read to the host and run them in torch)."""
-    raw = os.environ.get("TPU_INDUCTOR_EAGER_OPS", "").strip().lower() or "device"
-    if raw not in EAGER_OPS:
-        raise InvalidOptionError(
-            f"TPU_INDUCTOR_EAGER_OPS={raw!r}: expected one of {', '.join(EAGER_OPS)}"
-        )
-    return raw
-
-
 MAX_PROGRAMS = 1024  # LRU bound on cached programs (and refusals)
-
-# False: every eager op on device-owned state syncs and runs on the host (as before this
-# module). None: read TPU_INDUCTOR_EAGER_OPS at the first op (eager_ops()); tests and
-# benchmarks set it directly.
-ENABLED: bool | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -209,12 +188,8 @@ def run(func, args: tuple, kwargs: dict):
     """Run ``func(*args, **kwargs)`` (an eager op on DeviceTensors, seen in
     ``DeviceTensor.__torch_dispatch__``) on the device, returning what the op returns, or
     :data:`HOST` when it must run on the host (see the module docstring)."""
-    global ENABLED
-    if not ENABLED:
-        if ENABLED is None:
-            ENABLED = eager_ops() == "device"
-        if not ENABLED:
-            return HOST
+    if config.get("eager_ops") == "host":
+        return HOST
     info = _op_info(func)
     if info is None or _get_current_dispatch_mode() is not None:
         return HOST  # reads a Python value, makes a view, or runs under a mode (tracing)

@@ -5,7 +5,7 @@ Dynamo still traces the user's code in a new process (its guards and bytecode ar
 torch's own format for them is a pickle, and nothing loaded from ``cache_dir`` may run code).
 The graph it hands the backend is looked up by :func:`key_for`, a hash of the graph (code,
 inputs' shapes, dtypes, strides and ``requires_grad``, constants), the grad mode and the
-*fingerprint* of everything else that shapes a program (``dynamo/config.program_fingerprint``:
+*fingerprint* of everything else that shapes a program (``dynamo/options.program_fingerprint``:
 the package's own sources, every option and switch, the torch, jax, jaxlib and libtpu versions,
 the device kind). A hit is run without AOTAutograd:
 
@@ -467,10 +467,10 @@ class StoredExecutables(Executables):
         saved all-arrays executable, the zeros made on the device."""
         exe = self.entries.get(signature)
         if exe is not None:
-            self.hits += 1
+            self.stats.hits += 1
             return exe
         with self._lock:
-            self.misses += 1
+            self.stats.misses += 1
             start = time.perf_counter()
             record = signature_record(signature)
             found = self._saved.get(json.dumps(record, sort_keys=True))

@@ -10,7 +10,7 @@ from tpu_inductor.core.transfers import Transfers
 from tpu_inductor.runtime import cache, device_eager, residency
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class GraphReport:
     """One lowered graph.
 
@@ -46,7 +46,7 @@ class GraphReport:
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Report:
     """Everything :func:`report` knows; ``str(report)`` is a readable table."""
 
@@ -140,11 +140,11 @@ def report(print_table: bool = True) -> Report:
                 lower_seconds=exes.lower_seconds,
                 executables=len(exes.entries),
                 builds=[(b.reason, b.seconds) for b in exes.builds],
-                hits=exes.hits,
-                misses=exes.misses,
-                evictions=exes.evictions,
+                hits=exes.stats.hits,
+                misses=exes.stats.misses,
+                evictions=exes.stats.evictions,
                 transfers=exes.transfers.totals.copy(),
-                saved_bytes=exes.saved_bytes,
+                saved_bytes=exes.stats.saved_bytes,
                 stages=_stages(exes),
             )
         )
@@ -166,7 +166,7 @@ def report(print_table: bool = True) -> Report:
 
 
 def _stages(exes) -> dict[str, float]:
-    frame = exes.frame if exes.frame_owner else None
+    frame = exes.stats.frame if exes.stats.frame_owner else None
     trace = sum(b.seconds - b.xla_seconds for b in exes.builds)
     return {
         "dynamo": frame.dynamo if frame else 0.0,

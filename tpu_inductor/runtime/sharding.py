@@ -157,8 +157,8 @@ def parse_plan(mesh: Any, shardings: Any) -> Plan | None:
                 )
     if problems:
         raise InvalidOptionError(
-            "invalid sharding options:\n  - " + "\n  - ".join(problems) + "\nSee the README's "
-            "'Scale out' section for the presets and the dict form."
+            "invalid sharding options:\n  - " + "\n  - ".join(problems) + "\nSee docs/scaling.md "
+            "for the presets and the dict form."
         )
     if inputs is None:
         if preset == "tp":

@@ -12,10 +12,6 @@ import torch
 
 from tpu_inductor.core.dtypes import to_jax_dtype
 
-# Whether a backward's all-zeros tangent is a constant of its program (Zeros) or, as before, an
-# array of zeros made on the device and read. Benchmarks switch it off to measure it.
-ZERO_TANGENTS = True
-
 
 @dataclasses.dataclass(frozen=True)
 class Zeros:

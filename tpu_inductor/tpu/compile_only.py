@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from jax.sharding import SingleDeviceSharding
 
+from tpu_inductor.core import config
 from tpu_inductor.core.dtypes import JAX_TO_TORCH, to_jax_dtype
 from tpu_inductor.core.shapes import bind, concrete
-from tpu_inductor.runtime import signatures
 from tpu_inductor.runtime.call import Executables
 from tpu_inductor.runtime.residency import ZERO_CHECK_BYTES, is_all_zeros
 from tpu_inductor.runtime.signatures import Zeros, python_scalar, signature_of, without_zeros
@@ -140,7 +140,7 @@ class TargetGraph:
                 error = e
         end = time.perf_counter()
         seconds = end - start
-        exes.misses += 1
+        exes.stats.misses += 1
         if lowered is not None:  # as the runtime's signature: no shardings
             xla = end - xla_start if xla_start is not None else 0.0
             exes.record_build(signature_of(specs, statics), traced, lowered, seconds, xla)
@@ -217,7 +217,7 @@ def _zero_tangent(t) -> bool:
     where there are none, any tangent the runtime would check (autograd materializes zeros
     there too; a meta gradient a user passes for a big output is taken as zeros)."""
     t = getattr(t, "_inner", t)  # a DeviceTensor's data
-    if not signatures.ZERO_TANGENTS or not isinstance(t, torch.Tensor) or t.is_complex():
+    if not config.get("zero_tangents") or not isinstance(t, torch.Tensor) or t.is_complex():
         return False
     if t.device.type == "meta":
         return t.numel() * t.element_size() >= ZERO_CHECK_BYTES

@@ -17,14 +17,13 @@ Names (:func:`tpu_target`):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 
+from tpu_inductor.core.devices import quiet_libtpu, start_jax
 from tpu_inductor.core.errors import InvalidOptionError
 
 GiB = 1024**3
@@ -354,37 +353,6 @@ def _target(name: str, generation: str, grid: tuple[int, ...], slices: int = 1) 
     )
 
 
-# libtpu looks for the TPU it runs on when it first loads; on a machine without one it prints
-# three warnings and an error line (accelerator type, worker hostnames) before compiling for a
-# topology anyway, and it takes /tmp/libtpu_lockfile, so a second process compiling for a target
-# at the same time failed ("Internal error when accessing libtpu multi-process lockfile"). These
-# say "no TPU here, a single host, others may load libtpu too" up front (libtpu 0.0.42.1).
-_QUIET_LIBTPU = {
-    "TPU_SKIP_MDS_QUERY": "1",
-    "TPU_WORKER_HOSTNAMES": "localhost",
-    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
-    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-}
-
-
-@contextlib.contextmanager
-def _no_tpu_here():
-    """Quiet libtpu's search for a TPU while a topology is made, when JAX has none: the
-    variables are set only while unset, only for the call, and never where JAX has a TPU."""
-    import jax
-
-    if any(d.platform == "tpu" for d in jax.devices()):
-        yield
-        return
-    added = {k: v for k, v in _QUIET_LIBTPU.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
-
-
 @functools.cache
 def _devices(generation: str, grid: tuple[int, ...], slices: int = 1) -> tuple:
     """The compile-only devices of a topology (one per chip; v4/v5p as megacore devices; two
@@ -408,7 +376,8 @@ def _devices(generation: str, grid: tuple[int, ...], slices: int = 1) -> tuple:
         kwargs["chips_per_host_bounds"] = bounds
     topology = f"{generation}:{'x'.join(map(str, grid))}"
     try:
-        with _no_tpu_here():
+        start_jax()  # libtpu loads once, quietly where no TPU is attached
+        with quiet_libtpu():
             desc = topologies.get_topology_desc(topology, "tpu", **kwargs)
     except Exception as e:
         text = str(e) or type(e).__name__

@@ -41,7 +41,7 @@ from tpu_inductor.dynamo import optimizers as optimizers_mod
 from tpu_inductor.dynamo import regions
 from tpu_inductor.dynamo.backend import meta_fakes_as_cpu
 from tpu_inductor.dynamo.breaks import ONE_PROGRAM_STEP, StepSplit
-from tpu_inductor.dynamo.config import parse_options
+from tpu_inductor.dynamo.options import parse_options
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger("tpu_inductor.progress")  # speaks without logging set up

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tpu_inductor.core import config
 from tpu_inductor.lowering.lowerings import long_attention
 from tpu_inductor.lowering.lowerings.nn import layer_norm
 from tpu_inductor.lowering.lowerings.registry import (
@@ -31,14 +32,10 @@ log = logging.getLogger("tpu_inductor")
 
 # --- 1. scaled dot-product attention --------------------------------------------------------------
 
-# The platforms that get attention's fused-softmax form (fused_softmax); a switch, so that tests
-# run that form on the CPU against eager.
-FUSED_SOFTMAX_PLATFORMS = ("tpu",)
-
 
 def fused_softmax(ctx, query, reads_lse: bool) -> bool:
     """Whether attention is lowered in the fused-softmax form (:func:`attention`): on the
-    platforms of ``FUSED_SOFTMAX_PLATFORMS``, for bfloat16 queries, where nothing reads the
+    platforms of the knob ``fused_softmax_platforms``, for bfloat16 queries, where nothing reads the
     logsumexp (inference).
 
     NOTE: the form is left out where it moves more bytes than torch's: a training forward,
@@ -47,7 +44,7 @@ def fused_softmax(ctx, query, reads_lse: bool) -> bool:
     benchmarks.tpu_programs --layers 1 --contenders ours-1prog,ours-3prog``).
     """
     return (
-        ctx.platform in FUSED_SOFTMAX_PLATFORMS
+        ctx.platform in config.get("fused_softmax_platforms")
         and jnp.dtype(query.dtype) == jnp.bfloat16
         and not reads_lse
     )

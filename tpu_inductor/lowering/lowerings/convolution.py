@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from tpu_inductor.core import config
 from tpu_inductor.lowering.lowerings.registry import accumulate_in, opmath_dtype, register_lowering
 
 aten = torch.ops.aten
@@ -126,7 +127,7 @@ def convolution_backward(
 
     _, vjp = jax.vjp(f, input, weight)
     gx, gw = vjp(grad_output.astype(input.dtype))
-    patches = ctx.platform in _PATCHES_PLATFORMS
+    patches = ctx.platform in config.get("conv_patches_platforms")
     if (
         patches
         and output_mask[1]
@@ -141,9 +142,6 @@ def convolution_backward(
 
 
 _PATCHES_LIMIT = 256  # input channels x window positions
-# Where the patches form is used: only TPUs, since on XLA:CPU it is slower than the plain
-# convolution.
-_PATCHES_PLATFORMS = ("tpu",)
 
 
 def _patches_weight_grad(input, weight, stride, transposed, groups) -> bool:

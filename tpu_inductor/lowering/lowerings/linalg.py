@@ -13,18 +13,17 @@ import numpy as np
 import torch
 from jax import lax
 
+from tpu_inductor.core import config
 from tpu_inductor.lowering.lowerings.registry import HALF, P, accumulate_in, register_lowering
 
 aten = torch.ops.aten
 
 # On a TPU a bf16 x bf16 dot accumulates in float32 in the MXU and rounds once, whatever its
-# result type: asking for a float32 result and converting it (as torch's opmath reads) gives the
-# same numbers, but XLA's layout assignment then puts a layout copy (and a physical reshape)
-# after each projection whose result is split into heads, so the dot returns bf16. A product the
-# graph converts to float32 next (the logits before a float32 loss) keeps the float32 form: as a
-# bf16 dot, its float32 copy would be laid out twice. False: the float32 form everywhere.
-# (measured: ``python -m benchmarks.tpu_levers``)
-TPU_HALF_DOTS = True
+# result type, so a half-precision product keeps its own dtype (knob ``tpu_half_dots``): asking
+# for a float32 result and converting it gives the same numbers but makes XLA's layout assignment
+# copy each projection that is split into heads. A product the graph converts to float32 next
+# keeps the float32 form (as a bf16 dot its float32 copy is laid out twice). Measured:
+# ``python -m benchmarks.tpu_levers --issue 30``.
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
@@ -40,8 +39,8 @@ def _upcast_next(node) -> bool:
 
 
 def _half_result(ctx, out) -> bool:
-    """Whether a half-precision product is computed in its own dtype (see TPU_HALF_DOTS)."""
-    return TPU_HALF_DOTS and ctx.platform == "tpu" and not _upcast_next(ctx.node)
+    """Whether a half-precision product is computed in its own dtype (knob ``tpu_half_dots``)."""
+    return config.get("tpu_half_dots") and ctx.platform == "tpu" and not _upcast_next(ctx.node)
 
 
 def _dtypes(ctx):

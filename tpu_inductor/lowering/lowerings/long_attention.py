@@ -15,8 +15,8 @@ and eager's numbers):
   gradients), plain XLA ops that GSPMD partitions.
 
 Both return torch's ``(out, logsumexp)`` (natural log), so either backward takes either
-forward's residuals. Below ``MIN_LENGTH`` query rows the dense form is kept: its scores are
-small and XLA fuses them.
+forward's residuals. Below ``long_attention_min_length`` query rows (a knob) the dense form
+is kept: its scores are small and XLA fuses them.
 """
 
 from __future__ import annotations
@@ -29,13 +29,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from tpu_inductor.core import config
 from tpu_inductor.lowering import mesh_scope
 from tpu_inductor.lowering.lowerings import splash_attention as splash
 
-# The platforms that take these forms; a switch, so that tests run them on the CPU.
-PLATFORMS = ("tpu",)
-# Query rows from which a call takes a long form (scores of 1024 x S and more per head).
-MIN_LENGTH = 1024
 # Query rows per chunk of the blockwise form, the first that divides the query length.
 CHUNKS = (512, 256, 128)
 
@@ -43,13 +40,19 @@ CHUNKS = (512, 256, 128)
 def plan(platform, q, k, v, attn_mask, dropout_p) -> str | None:
     """``"splash"``, ``"blockwise"`` or ``None`` (the dense form) for an SDPA call's
     ``[B, H, L, E]`` inputs on ``platform``."""
-    if platform not in PLATFORMS and splash.SPLASH_ATTENTION != "interpret":
+    platforms = config.get("long_attention_platforms")
+    if platform not in platforms and config.get("splash_attention") != "interpret":
         return None
-    if q.ndim != 4 or k.ndim != 4 or dropout_p or q.shape[2] < MIN_LENGTH:
+    if (
+        q.ndim != 4
+        or k.ndim != 4
+        or dropout_p
+        or q.shape[2] < config.get("long_attention_min_length")
+    ):
         return None
     if q.shape[1] % k.shape[1]:
         return None
-    how, _ = splash.mode("tpu" if platform in PLATFORMS else platform)
+    how, _ = splash.mode("tpu" if platform in platforms else platform)
     if how is not None and splash.shape_reason(q, k, v) is None and _splash_mask_ok(attn_mask):
         return "splash"
     if any(q.shape[2] % c == 0 for c in CHUNKS):
@@ -108,13 +111,13 @@ def _on_mesh(fn, B: int, H: int, Hkv: int, specs: str, n_out: int):
 
 
 def _sizes(M: int, N: int):
-    return splash.block_sizes(M, N, interpret=splash.SPLASH_ATTENTION == "interpret")
+    return splash.block_sizes(M, N, interpret=config.get("splash_attention") == "interpret")
 
 
 def _splash_mask(mask, M: int, N: int, heads: int, is_causal: bool):
     """``(mask, make_kernel)`` for splash: the static causal or full mask, or the user's
     ``[Bm, 1, M, N]`` boolean array (splash finds its empty blocks per call)."""
-    interpret = splash.SPLASH_ATTENTION == "interpret"
+    interpret = config.get("splash_attention") == "interpret"
     make = functools.partial(
         splash.make_kernel, sizes=_sizes(M, N), soft_cap=None, interpret=interpret
     )
@@ -244,8 +247,6 @@ def describe(form: str, q, k) -> str:
 
 __all__ = [
     "CHUNKS",
-    "MIN_LENGTH",
-    "PLATFORMS",
     "blockwise_backward",
     "blockwise_forward",
     "describe",

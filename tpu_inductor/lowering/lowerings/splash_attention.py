@@ -42,12 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch.fx as fx
 
-# "auto": the kernel wherever the graph compiles for a TPU and the call fits it; "off": dense
-# everywhere; "interpret": the kernel in Pallas interpret mode on any device, for tests on CPU.
-# Read at trace time (an executable's first call); executables already built keep what they
-# were built with, so clear tpu_inductor's cache around a change (tests: tpu_inductor.reset()).
-SPLASH_ATTENTION = "auto"
-MODES = ("auto", "off", "interpret")
+from tpu_inductor.core import config
 
 # Splash tiles both sequence axes in blocks that are multiples of 128 (NUM_LANES).
 ALIGN = 128
@@ -104,11 +99,10 @@ def mode(platform: str | None) -> tuple[str | None, str]:
         decided when XLA lowers, by ``jax.lax.platform_dependent``) or ``None`` (dense), and
         ``why`` says why not when ``how`` is ``None``.
     """
-    if SPLASH_ATTENTION not in MODES:
-        raise ValueError(f"SPLASH_ATTENTION must be one of {MODES}, got {SPLASH_ATTENTION!r}")
-    if SPLASH_ATTENTION == "off":
-        return None, "SPLASH_ATTENTION is 'off'"
-    if SPLASH_ATTENTION == "interpret":
+    switch = config.get("splash_attention")
+    if switch == "off":
+        return None, "the knob splash_attention is 'off'"
+    if switch == "interpret":
         how = "interpret"
     elif platform == "tpu":
         how = "tpu"
