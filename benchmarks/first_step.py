@@ -50,37 +50,17 @@ def child(path: str, layers: int, hidden: int, cache_dir: str) -> dict:
 
     import tpu_inductor
     from benchmarks.scan_layers import llama
+    from tests.helpers import lm_losses
 
     torch.manual_seed(0)
     model = llama(layers, hidden, use_cache=False).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     options = {"scan_layers": True, "cache_dir": cache_dir}
     losses, seconds = [], []
     start = time.perf_counter()
-    if path == "step":
-
-        def train_step(ids):
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
-        step = tpu_inductor.compile_step(train_step, opt, options=options)
-        for _ in range(2):
-            losses.append(step(ids).item())
-            seconds.append(time.perf_counter() - start)
-    else:
-        compiled = torch.compile(model, backend="tpu", options=options)
-        update = torch.compile(opt.step, backend="tpu", options=options)
-        for _ in range(2):
-            loss = compiled(ids, labels=ids).loss
-            loss.backward()
-            update()
-            opt.zero_grad()
-            losses.append(loss.item())
-            seconds.append(time.perf_counter() - start)
+    for loss in lm_losses(model, path, ids, options, lr=1e-3):
+        losses.append(loss)
+        seconds.append(time.perf_counter() - start)
     report = tpu_inductor.report(print_table=False)
     return {
         "first_step_s": seconds[0],

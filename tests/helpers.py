@@ -167,6 +167,28 @@ def lm_train_step(model, opt, clip: float | None = None, **model_kwargs):
     return train_step
 
 
+def lm_losses(model, path: str, ids, options: dict, lr: float, steps: int = 2):
+    """Train a causal LM ``steps`` steps on ``ids`` with AdamW at ``lr`` and yield each step's
+    loss as a float, on ``path`` ``"step"`` (``compile_step``: one program) or ``"split"`` (the
+    compiled model, ``loss.backward()`` and a compiled ``opt.step()``: three programs)."""
+    import tpu_inductor
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    if path == "step":
+        step = tpu_inductor.compile_step(lm_train_step(model, opt), opt, options=options)
+        for _ in range(steps):
+            yield step(ids).item()
+        return
+    compiled = torch.compile(model, backend="tpu", options=options)
+    update = torch.compile(opt.step, backend="tpu", options=options)
+    for _ in range(steps):
+        loss = compiled(ids, labels=ids).loss
+        loss.backward()
+        update()
+        opt.zero_grad()
+        yield loss.item()
+
+
 def set_knobs(monkeypatch, **knobs) -> None:
     """Patch ``tpu_inductor.config`` for the rest of a test; undone when monkeypatch undoes its
     changes (later calls stack on earlier ones)."""

@@ -8,34 +8,29 @@ Importing this package has no global side effects: it does not enable ``jax_enab
 rename PrivateUse1, change torch defaults or start a JAX backend.
 """
 
-from tpu_inductor import debug, testing
+from tpu_inductor import debug, errors, testing
 
 # tpu_inductor.transformers.enable(model); left out of __all__ so that a star import never
 # shadows the transformers package itself. It imports transformers only when called.
 from tpu_inductor import transformers as transformers
 from tpu_inductor.core import VERSION, config
 from tpu_inductor.core.config import list_options
-from tpu_inductor.core.errors import (
-    FallbackWarning,
-    InvalidOptionError,
-    LoweringError,
-    LoweringOutputError,
-    RegistrationError,
-    ShapeMismatchError,
-    ShardingError,
-    TargetCompileError,
-    TpuInductorError,
-    UnsupportedDtypeError,
-    UnsupportedOpError,
-)
-from tpu_inductor.dynamo.backend import reset, tpu_backend, tpu_inductor_backend
+from tpu_inductor.dynamo.backend import reset
+
+# Importable, outside __all__: torch finds the backend through the torch_dynamo_backends
+# entry point (pyproject.toml), so users never call it.
+from tpu_inductor.dynamo.backend import tpu_backend as tpu_backend
+from tpu_inductor.dynamo.backend import tpu_inductor_backend as tpu_inductor_backend
 from tpu_inductor.dynamo.warmup import warmup
+from tpu_inductor.errors import *  # noqa: F403 (every error and warning, as errors.__all__)
 from tpu_inductor.lowering.custom_ops import (
     pallas_interpret,
     register_lowering,
     registered_lowering,
     unregister_lowering,
 )
+
+# Importable, outside __all__: tests and benchmarks read cache.STATS.
 from tpu_inductor.runtime import cache as cache
 from tpu_inductor.runtime.device_owned import DeviceTensor, keep_on_device
 from tpu_inductor.runtime.report import report
@@ -46,36 +41,33 @@ from tpu_inductor.training.train_step import compile_step
 
 __version__ = VERSION
 
+# What users call, as the README and docs show it; every error and warning besides (also in
+# tpu_inductor.errors). tests/test_public_api.py holds the same list.
 __all__ = [
-    "DeviceTensor",
-    "FallbackWarning",
-    "InvalidOptionError",
-    "LoweringError",
-    "LoweringOutputError",
-    "RegistrationError",
-    "ShapeMismatchError",
-    "ShardingError",
-    "Target",
-    "TargetCompileError",
-    "TpuInductorError",
-    "UnsupportedDtypeError",
-    "UnsupportedOpError",
+    # compile, train, keep values on the device
     "compile_step",
-    "config",
-    "debug",
     "keep_on_device",
-    "largest_batch",
+    "DeviceTensor",
+    "warmup",
+    "reset",
+    "report",
+    # configuration
+    "config",
     "list_options",
-    "pallas_interpret",
+    # lowerings of your own
     "register_lowering",
     "registered_lowering",
-    "report",
-    "reset",
-    "testing",
-    "tpu_backend",
-    "tpu_inductor_backend",
-    "tpu_report",
-    "tpu_target",
     "unregister_lowering",
-    "warmup",
+    "pallas_interpret",
+    # compile for a TPU you don't have, and plan a fit
+    "Target",
+    "tpu_target",
+    "tpu_report",
+    "largest_batch",
+    # modules
+    "debug",
+    "errors",
+    "testing",
+    # errors and warnings
+    *errors.__all__,
 ]

@@ -71,9 +71,9 @@ SPREAD_LIMIT = 0.25
 def reliability(load: float, cpus: int, spreads: list[float]) -> str | None:
     """Why the faster/slower verdict can't be trusted on this machine now, or ``None``.
 
-    The demo's verdict flipped with load on the 2-core development VM: 1.00x slower at load 2,
-    3.96x faster at load 3.7 (issue 29). Two signs: the load average per core (other processes
-    competing for the cores both sides are timed on) and the spread of repeated rounds.
+    On a shared machine the verdict can flip between runs. Two signs: the load average per core
+    (other processes competing for the cores both sides are timed on) and the spread of
+    repeated rounds.
     """
     why = []
     if load == load and cpus and load / cpus > LOAD_PER_CORE_LIMIT:
@@ -94,8 +94,7 @@ def _eager_seconds_in_own_process(args) -> tuple[float, float]:
     fresh process that never imports JAX.
 
     NOTE: in this process XLA's CPU thread pool, idle but present, slows torch's intra-op threads
-    down: eager measured here took 53-66 ms per call on the 2-core development machine, against
-    6.5 ms in a process of its own (issue 14). A user compares against the latter.
+    down several times over; a user compares against eager in a process of its own.
     """
     cmd = [sys.executable, "-m", "tpu_inductor.demo", "--eager-only", "--batch", str(args.batch)]
     cmd += ["--seq", str(args.seq), "--iters", str(args.iters)]

@@ -54,28 +54,10 @@ def main(argv: list[str]) -> None:
         compiled = torch.compile(model.eval(), backend="tpu", options=options)
         with torch.no_grad():
             losses = [compiled(x).sum().item() for _ in range(2)]
-    elif path == "step":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    elif path in ("step", "split"):
+        from tests.helpers import lm_losses
 
-        def step(ids):
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
-        step = tpu_inductor.compile_step(step, opt, options=options)
-        losses = [step(ids).item() for _ in range(2)]
-    elif path == "split":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        compiled = torch.compile(model, backend="tpu", options=options)
-        update = torch.compile(opt.step, backend="tpu", options=options)
-        for _ in range(2):
-            loss = compiled(ids, labels=ids).loss
-            loss.backward()
-            update()
-            opt.zero_grad()
-            losses.append(loss.item())
+        losses = list(lm_losses(model, path, ids, options, lr=1e-2))
     else:
         compiled = torch.compile(model.eval(), backend="tpu", options=options)
         with torch.no_grad():

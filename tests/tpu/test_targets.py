@@ -211,13 +211,26 @@ def test_bound_says_ici_when_collectives_dominate():
             self.id, self.slice_index = i, 0
 
     devices = tuple(Dev(i) for i in range(4))
-    target = targets.Target("v5e:2x2", "v5e:2x2", chip, devices)
+    target = targets.Target(name="v5e:2x2", topology="v5e:2x2", chip=chip, devices=devices)
     mesh = Mesh(np.array(devices, dtype=object).reshape(2, 2), ("data", "model"))
-    op = hlo.Collective("ar", "all-reduce", 2**30, (0, 1), "", None)
+    op = hlo.Collective(
+        name="ar", kind="all-reduce", bytes=2**30, group=(0, 1), scope="", source=None
+    )
     (comm,) = programs.place_collectives([op], target, mesh)
     assert (comm.axes, comm.link) == ("model", "ICI")
     assert comm.seconds == pytest.approx(2 * 2**30 * 0.5 / 400e9)
-    program = programs.Program("g#0", "g", "forward", "forward", target, 4, [], 0, None, 0.0)
+    program = programs.Program(
+        name="g#0",
+        graph="g",
+        kind="forward",
+        role="forward",
+        target=target,
+        chips=4,
+        inputs=[],
+        donated_bytes=0,
+        error=None,
+        compile_seconds=0.0,
+    )
     program.hbm_traffic = 1e6
     program.comms = [comm]
     assert program.bound == "ICI" and program.roofline_seconds == comm.seconds

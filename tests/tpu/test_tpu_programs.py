@@ -368,3 +368,13 @@ def test_merge_keeps_earlier_rows_of_the_same_sizes_with_their_conditions(tmp_pa
     again = run("d3", {})
     T._merge_earlier(again, path, [])
     assert again["earlier"]["train-f32"]["date"] == "d1"
+
+
+def test_the_optimizer_files_role_of_matches_exist():
+    # role_of names a graph "optimizer" by the files its ops come from; a moved file would
+    # silently stop matching
+    import os
+
+    from tpu_inductor.tpu import programs
+
+    assert os.path.exists(programs._OPTIMIZER_FILES[1])

@@ -11,6 +11,18 @@ from tpu_inductor.training.planning import Probe, _largest_fitting
 HBM = 100 * 2**20
 
 
+def _probe(size: int, fits: bool, peak_bytes: int) -> Probe:
+    """A probe with only what the search reads."""
+    return Probe(
+        size=size,
+        fits=fits,
+        peak_bytes=peak_bytes,
+        roofline_seconds=0.0,
+        mfu_ceiling=None,
+        seconds=0.0,
+    )
+
+
 def _probes(base: float, per: float, curve: float = 0.0, unit: int = 1):
     asked = []
 
@@ -18,7 +30,7 @@ def _probes(base: float, per: float, curve: float = 0.0, unit: int = 1):
         asked.append(n)
         k = n / unit
         peak = int((base + per * k + curve * k * k) * 2**20)
-        return Probe(n, peak <= HBM, peak, 0.0, None, 0.0)
+        return _probe(n, peak <= HBM, peak)
 
     return probe, asked
 
@@ -51,6 +63,6 @@ def test_nothing_fits_and_everything_fits():
 
 def test_a_refused_compile_counts_as_not_fitting():
     def probe(n):  # the compiler refuses from 7 on (no peak): the search still converges
-        return Probe(n, n < 7, 0 if n >= 7 else n * 2**20, 0.0, None, 0.0)
+        return _probe(n, n < 7, 0 if n >= 7 else n * 2**20)
 
     assert _largest_fitting(probe, 1, 1 << 16, HBM) == 6

@@ -1,11 +1,10 @@
-"""The torch <-> JAX crossing: how one tensor becomes an array and back, and what it costs.
+"""The torch <-> JAX crossing: how one tensor becomes an array and back.
 
-Measured on a 2-core CPU host (``python -m benchmarks.boundary``): per-call inputs cross as
-zero-copy numpy views handed straight to the XLA executable (~7 us per small tensor, against
-~29 us through ``jax.dlpack.from_dlpack``), and outputs come back as numpy views of fresh XLA
-buffers (~1 us, against ~4 us for ``torch.from_dlpack``); on TPU/GPU the executable does the
-host -> device copy. Values that should stay on the device (parameters, saved activations,
-values a graph returned) are kept by ``residency.py``; this module only crosses.
+Per-call inputs cross as zero-copy numpy views handed straight to the XLA executable, and
+outputs come back as numpy views of fresh XLA buffers: both are cheaper than DLPack on the CPU
+(measured: ``python -m benchmarks.boundary``); on TPU/GPU the executable does the host -> device
+copy. Values that should stay on the device (parameters, saved activations, values a graph
+returned) are kept by ``residency.py``; this module only crosses.
 """
 
 from __future__ import annotations
@@ -54,9 +53,9 @@ EFFECT_TOKEN = np.zeros((0,), np.float32)
 def tensor_to_host(t: torch.Tensor | None) -> np.ndarray:
     """A zero-copy numpy view of a tensor, for passing straight to an XLA executable.
 
-    Handing executables numpy arrays is the cheapest way in: on a 2-core CPU host, ~7 us per
-    call for a small input against ~29 us through ``jax.dlpack.from_dlpack`` (see
-    ``python -m benchmarks.boundary``); on TPU/GPU the executable copies it to the device.
+    Handing executables numpy arrays is the cheapest way in, cheaper than
+    ``jax.dlpack.from_dlpack`` (measured: ``python -m benchmarks.boundary``); on TPU/GPU the
+    executable copies it to the device.
     """
     if t is None:
         return EFFECT_TOKEN  # AOTAutograd passes None for an effect token (float32[0])
@@ -93,10 +92,11 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
 def jax_to_host(arr) -> tuple[torch.Tensor, np.ndarray]:
     """One output array as a CPU torch tensor, and the numpy array its storage holds.
 
-    On CPU the tensor is a zero-copy view of the (fresh, never reused) output buffer, ~1 us
-    against ~4 us for ``torch.from_dlpack``; elsewhere ``np.asarray`` is the device-to-host
-    copy. The numpy array lives exactly as long as the tensor's storage (``torch.from_numpy``
-    holds it), which is what ``residency.DeviceValues`` keys a device copy's lifetime on.
+    On CPU the tensor is a zero-copy view of the (fresh, never reused) output buffer, cheaper
+    than ``torch.from_dlpack`` (measured: ``python -m benchmarks.boundary``); elsewhere
+    ``np.asarray`` is the device-to-host copy. The numpy array lives exactly as long as the
+    tensor's storage (``torch.from_numpy`` holds it), which is what ``residency.DeviceValues``
+    keys a device copy's lifetime on.
 
     In a multi-controller run (``jax.distributed``, more than one process) an array sharded
     over devices of other processes is gathered first (every process gets the whole value, as
@@ -128,11 +128,10 @@ def _gather(arr) -> np.ndarray:
     return multihost_utils.process_allgather(arr, tiled=True)
 
 
-def jax_to_tensor(arr) -> torch.Tensor | None:
-    """Turn one output array into a CPU torch tensor (``None`` passes through)."""
-    if not isinstance(arr, jax.Array):
-        return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
-    return jax_to_host(arr)[0]
+def is_traced(x) -> bool:
+    """Whether a Python-level value is a JAX value (an array, or a tracer inside a trace: a
+    scalar read with ``.item()``, a position read in the program) rather than a constant."""
+    return isinstance(x, jax.Array | jax.core.Tracer)
 
 
 @functools.cache

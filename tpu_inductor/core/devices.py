@@ -100,13 +100,11 @@ def select_device(name: str | None) -> jax.Device:
     )
 
 
-# NOTE: XLA:CPU (jaxlib 0.10) hands convolutions and the ops around them to YNNPACK as one large
-# fusion that re-lays-out every NCHW weight on each call. In inference that costs ResNet-18 2x
-# (29 ms against 14 ms with YNNPACK kept to single matmuls; transformers unchanged), but a
-# training step (forward, backward, AdamW) got slower without it (102 ms against 125-134 ms),
-# so only inference executables on CPU get this option (2-core CPU host, one thread). It is
-# per executable, never set globally, and dropped (once, with a log line) by a jaxlib that
-# doesn't know it.
+# NOTE: XLA:CPU hands convolutions and the ops around them to YNNPACK as one large fusion that
+# re-lays-out every NCHW weight on each call. Keeping YNNPACK to single matmuls speeds up
+# convolutional inference but slows a training step, so only inference executables on CPU get
+# this option (measured: ``python -m benchmarks.suite``, resnet). It is per executable, never set
+# globally, and dropped (once, with a log line) by a jaxlib that doesn't know it.
 CPU_INFERENCE_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
 }

@@ -68,6 +68,21 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
         ) from None
 
 
-def to_torch_dtype(dtype) -> torch.dtype:
-    """Return the torch dtype for a JAX/numpy dtype."""
-    return JAX_TO_TORCH[jnp.dtype(dtype)]
+def describe_tensor(dtype: torch.dtype, shape) -> str:
+    """How messages and reports name a tensor: ``float32[2, 3]``."""
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+
+
+def reject_tpu_64bit(bad: list[str], what: str) -> None:
+    """Raise one :class:`UnsupportedDtypeError` listing ``bad`` (descriptions of ``what``: the
+    graph's values or the compiled region's inputs) when it is not empty: a TPU holds no
+    float64/complex128, and every such value is named at once so one fix covers them all."""
+    if not bad:
+        return
+    raise UnsupportedDtypeError(
+        f"TPUs have no 64-bit floating point; {what} are float64/complex128:\n  - "
+        + "\n  - ".join(bad)
+        + "\nWhat to do: convert them to float32 (model.float(), tensor.float(), or "
+        "torch.set_default_dtype(torch.float32) before building the model) or compile with "
+        "options={'device': 'cpu'}."
+    )

@@ -70,6 +70,12 @@ class FallbackWarning(UserWarning):
     """Some ops of a graph run in torch on the CPU because they have no lowering."""
 
 
+class PaddingWarning(UserWarning):
+    """Padding to shape buckets (``pad_to``) changed a graph's results, so that graph runs at
+    exact shapes from then on; padding is only safe where padded positions can't affect real
+    ones (e.g. the sequence end of a causal decoder)."""
+
+
 class TransferError(TpuInductorError):
     """A value crossed between host and device in steady state where nothing should cross.
 

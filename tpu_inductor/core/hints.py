@@ -29,14 +29,12 @@ import weakref
 
 import torch
 
+from tpu_inductor.core.dtypes import describe_tensor
+
 log = logging.getLogger("tpu_inductor.progress")
 
 GROWING_AFTER = 4  # executables of one graph (so 3 growth steps in a row)
 LAST_BATCH_AFTER = 3  # calls at the full batch size before a smaller one counts as a last batch
-
-
-def _fmt(shape, dtype) -> str:
-    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
 
 
 def _positions(signature) -> dict:
@@ -166,7 +164,7 @@ def _growing_message(exes, grew: dict) -> str:
     seq = " -> ".join(str(n) for n in next(iter(grew.values())))
     if k is not None:
         shape, dtype = exes.builds[-1].signature[0][k]
-        what = f"dimension {d} of {_input_name(exes, k)} ({_fmt(shape, dtype)})"
+        what = f"dimension {d} of {_input_name(exes, k)} ({describe_tensor(dtype, shape)})"
         seq = " -> ".join(str(n) for n in grew[(k, d)])
     else:
         what = "a size passed to the graph"

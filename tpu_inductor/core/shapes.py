@@ -1,4 +1,4 @@
-"""Symbolic sizes made concrete.
+"""Symbolic sizes made concrete, and the storage positions of a strided layout.
 
 With ``dynamic=True`` Dynamo hands the backend graphs whose ``meta["val"]`` shapes hold SymInts
 (``s0``, ``2*s0 + 1``). The backend specializes each graph to the concrete shapes of each call:
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import sympy
 import torch
 
@@ -100,3 +101,13 @@ def size_only_inputs(node) -> set | None:
             return None
         todo.extend(n.all_input_nodes)
     return {n for n in seen if n.op != "placeholder"}
+
+
+def strided_index(size, stride, storage_offset) -> np.ndarray:
+    """Flat storage positions of an ``as_strided`` layout, as an int64 array of shape ``size``."""
+    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + (np.arange(n) * s).reshape(shape)
+    return index

@@ -51,7 +51,7 @@ _FIXES = {
 }
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Transfers:
     """Cumulative crossings: totals each way and ``by_reason[(direction, reason)] = [count,
     bytes]``. ``str()`` gives one readable line."""
@@ -92,22 +92,22 @@ class Transfers:
     def copy(self) -> Transfers:
         """A snapshot (for differences: ``after - before``)."""
         return Transfers(
-            self.host_to_device_bytes,
-            self.host_to_device_count,
-            self.device_to_host_bytes,
-            self.device_to_host_count,
-            {k: list(v) for k, v in self.by_reason.items()},
+            host_to_device_bytes=self.host_to_device_bytes,
+            host_to_device_count=self.host_to_device_count,
+            device_to_host_bytes=self.device_to_host_bytes,
+            device_to_host_count=self.device_to_host_count,
+            by_reason={k: list(v) for k, v in self.by_reason.items()},
         )
 
     def __sub__(self, other: Transfers) -> Transfers:
         keys = set(self.by_reason) | set(other.by_reason)
         zero = [0, 0]
         return Transfers(
-            self.host_to_device_bytes - other.host_to_device_bytes,
-            self.host_to_device_count - other.host_to_device_count,
-            self.device_to_host_bytes - other.device_to_host_bytes,
-            self.device_to_host_count - other.device_to_host_count,
-            {
+            host_to_device_bytes=self.host_to_device_bytes - other.host_to_device_bytes,
+            host_to_device_count=self.host_to_device_count - other.host_to_device_count,
+            device_to_host_bytes=self.device_to_host_bytes - other.device_to_host_bytes,
+            device_to_host_count=self.device_to_host_count - other.device_to_host_count,
+            by_reason={
                 k: [
                     self.by_reason.get(k, zero)[0] - other.by_reason.get(k, zero)[0],
                     self.by_reason.get(k, zero)[1] - other.by_reason.get(k, zero)[1],

@@ -28,8 +28,8 @@ from tpu_inductor.capture import aot as capture
 from tpu_inductor.capture.partition import split_for_fallback
 from tpu_inductor.core import config, hints, stages, transfers
 from tpu_inductor.core.devices import compiler_options, platform_of, select_device
-from tpu_inductor.core.dtypes import TPU_UNSUPPORTED
-from tpu_inductor.core.errors import UnsupportedDtypeError, UnsupportedInputError
+from tpu_inductor.core.dtypes import TPU_UNSUPPORTED, reject_tpu_64bit
+from tpu_inductor.core.errors import UnsupportedInputError
 from tpu_inductor.core.graph_kind import GraphKind
 from tpu_inductor.core.stages import FrameStages
 from tpu_inductor.dynamo import breaks, optimizers, regions
@@ -154,8 +154,8 @@ def _compile_frame(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Opti
     del cpu_fakes
     if direct:
         # AOTAutograd's runtime wrapper would only pass arguments through: Dynamo calls the
-        # executable's runtime directly (~8 us less per call at 1x64 on a 2-core CPU host,
-        # python -m benchmarks.profile_overhead).
+        # executable's runtime directly, a layer less per call (measured: python -m
+        # benchmarks.profile_overhead).
         return direct[0].call_unboxed
     return aot_compiled
 
@@ -239,13 +239,7 @@ def check_input_dtypes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Non
         for i, t in enumerate(example_inputs)
         if isinstance(t, torch.Tensor) and t.dtype in TPU_UNSUPPORTED
     ]
-    if bad:
-        raise UnsupportedDtypeError(
-            "TPUs have no 64-bit floating point; these inputs of the compiled region are "
-            "float64/complex128:\n  - " + "\n  - ".join(bad) + "\nWhat to do: convert them to "
-            "float32 (model.float(), tensor.float(), or torch.set_default_dtype(torch.float32) "
-            "before building the model) or compile with options={'device': 'cpu'}."
-        )
+    reject_tpu_64bit(bad, "these inputs of the compiled region")
 
 
 def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list:
@@ -324,13 +318,11 @@ def meta_fakes_as_cpu():
     shape, strides and dtype (its ``.grad`` too), so the whole function is traced as with real
     weights. :func:`trace_meta_as_cpu` does this for AOTAutograd only, after Dynamo has traced
     on ``meta``; a function that calls ``loss.backward()`` inside the compiled region
-    (``compile_step``) is differentiated by Dynamo itself, and on ``meta`` fakes the loss had no
-    derivative: ``cross_entropy``'s ``nll_loss`` has no autograd kernel for ``meta`` fakes
-    (torch 2.13 warns "an autograd kernel was not registered" and ``autograd.grad`` finds the
-    parameters unused), every ``.grad`` stayed ``None``, the optimizer skipped every parameter
-    and the step compiled to a forward alone. Nothing is read or allocated: the fakes' storage
-    is ``meta`` as always; only the device they report changes. Used around compile-only calls
-    (``options["target"]``); thread-local and re-entrant.
+    (``compile_step``) is differentiated by Dynamo itself, and it must see CPU fakes: some ops
+    (``nll_loss``) have no autograd kernel for ``meta`` fakes, so their gradients would be
+    missing and the step would compile to a forward alone. Nothing is read or allocated: the
+    fakes' storage is ``meta`` as always; only the device they report changes. Used around
+    compile-only calls (``options["target"]``); thread-local and re-entrant.
     """
     from torch._subclasses.fake_tensor import FakeTensorConverter
 

@@ -483,6 +483,17 @@ def _chunks(opt: torch.optim.Optimizer, g: int, rows: dict[int, int]) -> list[tu
     return calls + ([(rest, False)] if rest else [])
 
 
+def _with_grads(group: dict) -> tuple[list, dict[int, int]]:
+    """A parameter group's parameters that have a gradient, and each one's row among them by
+    its position in the group (``rows[k]``), as ``_chunks`` reads them."""
+    params, rows = [], {}
+    for k, p in enumerate(group["params"]):
+        if p.grad is not None:
+            rows[k] = len(params)
+            params.append(p)
+    return params, rows
+
+
 def _pick(values: list, idx: list[int]) -> list:
     return [values[i] for i in idx] if values else []
 
@@ -493,14 +504,10 @@ def _adam_step(opt: torch.optim.Adam) -> None:
     from torch.optim.adam import adam
 
     for g, group in enumerate(opt.param_groups):
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
-        rows: dict[int, int] = {}
-        for k, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
-            rows[k] = len(params)
-            params.append(p)
-            grads.append(p.grad)
+        params, rows = _with_grads(group)
+        grads = [p.grad for p in params]
+        exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], []
+        for p in params:
             state = opt.state[p]
             if len(state) == 0:
                 _adam_state(group, p, state)
@@ -542,16 +549,11 @@ def _sgd_step(opt: torch.optim.SGD) -> None:
     from torch.optim.sgd import sgd
 
     for g, group in enumerate(opt.param_groups):
-        params, grads, buffers = [], [], []
-        rows: dict[int, int] = {}
-        for k, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
-            rows[k] = len(params)
-            params.append(p)
-            grads.append(p.grad)
-            if group["momentum"] != 0:
-                buffers.append(opt.state[p].get("momentum_buffer"))
+        params, rows = _with_grads(group)
+        grads = [p.grad for p in params]
+        buffers = []
+        if group["momentum"] != 0:
+            buffers = [opt.state[p].get("momentum_buffer") for p in params]
         for idx, layer in _chunks(opt, g, rows):
             chunk, bufs = _pick(params, idx), _pick(buffers, idx)
             hyper = dict(

@@ -313,8 +313,9 @@ class cached_subgraph_schemas:
 
     Why: torch 2.13 works it out (``InvokeSubgraphHOP.gen_schema``: the subgraph traced again
     with ``materialize_as_graph``) for every call AOTAutograd traces with gradients on, to refuse
-    in-place updates in training, so each of a 32-layer model's calls cost a trace of its layer
-    again (8.2 s of a 32-layer compile_step's 21 s in AOTAutograd, py-spy). The schema depends
+    in-place updates in training, so each layer's call would cost a trace of its layer again,
+    a large share of a deep model's compile (measured: ``python -m benchmarks.first_step``).
+    The schema depends
     on the subgraph and on its operands' types, shapes, strides, dtypes, devices,
     ``requires_grad`` and which operands are the same tensor, which the key holds. Scope: one
     method of torch's class, for the duration of the backend's AOTAutograd call.

@@ -47,7 +47,8 @@ import jax.numpy as jnp
 import torch
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
-from tpu_inductor.core.dtypes import to_jax_dtype
+from tpu_inductor.core.boundary import is_traced
+from tpu_inductor.core.dtypes import describe_tensor, to_jax_dtype
 from tpu_inductor.core.errors import LoweringOutputError, RegistrationError
 from tpu_inductor.core.shapes import concrete_shape
 from tpu_inductor.core.sources import user_frame
@@ -537,10 +538,10 @@ def _users_jax(ctx: LoweringContext, args: list):
     off) unless its arrays in or out are 64-bit. The graph is traced with x64 on (int64 stays
     int64); a kernel written for JAX's defaults would otherwise make 64-bit indices: a Pallas
     kernel's ``index_map`` then returns i64, which Mosaic refuses to compile for a TPU ("failed
-    to legalize operation 'func.return'", libtpu 0.0.42; tests/tpu/test_suite.py)."""
+    to legalize operation 'func.return'"; tests/tpu/test_suite.py)."""
     outs = ctx.out if isinstance(ctx.out, list | tuple) else [ctx.out]
     wide = any(isinstance(o, torch.Tensor) and o.dtype in _WIDE for o in outs) or any(
-        _is_array(a) and jnp.dtype(a.dtype).itemsize == 8 for a in jax.tree.leaves(args)
+        is_traced(a) and jnp.dtype(a.dtype).itemsize == 8 for a in jax.tree.leaves(args)
     )
     with _platform(getattr(ctx, "platform", None)), jax.enable_x64(wide):
         yield
@@ -559,7 +560,7 @@ def _lowering_of(reg: Registration) -> Callable:
 
 def _spec(x) -> str:
     if isinstance(x, torch.Tensor):
-        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+        return describe_tensor(x.dtype, x.shape)
     dtype, shape = getattr(x, "dtype", None), getattr(x, "shape", None)
     if dtype is not None and shape is not None:
         return f"{jnp.dtype(dtype).name}{list(shape)}"
@@ -621,13 +622,9 @@ def check_outputs(reg: Registration, ctx: LoweringContext, out, *, what: str = "
 # --- differentiable="jax_vjp" -----------------------------------------------------------------
 
 
-def _is_array(x) -> bool:
-    return isinstance(x, jax.Array | jax.core.Tracer)
-
-
 def _vjp(fn: Callable, pos: list, kw: dict, grad_outputs: list) -> list:
     """Gradients of ``fn(*pos, **kw)`` for each array in ``pos`` (zeros for integer ones)."""
-    tensors = [i for i, a in enumerate(pos) if _is_array(a)]
+    tensors = [i for i, a in enumerate(pos) if is_traced(a)]
     diff = [i for i in tensors if jnp.issubdtype(pos[i].dtype, jnp.inexact)]
 
     def f(*primals):

@@ -92,11 +92,10 @@ def _widened_layers(graph: fx.Graph) -> None:
     log-softmaxed (a language model's logits before a float32 loss), forward and backward.
 
     Unflattened, XLA:TPU fuses that float32 convert into the vocabulary-sized products and
-    writes float32 logits beside the half-precision ones: the README's sample report (bf16
-    Llama, vocabulary 8192, three programs) moved 1.808 -> 1.927 GiB, three 37 MiB fusions
-    becoming 101 MiB each (``python examples/compile_for_tpu.py --readme-sample``,
-    2026-12-06). The backward's products of that layer read its weight (the input gradient)
-    or its activation (the weight gradient)."""
+    writes float32 logits beside the half-precision ones, so those products keep their leading
+    dimensions (measured: ``python examples/compile_for_tpu.py --readme-sample``). The
+    backward's products of that layer read its weight (the input gradient) or its activation
+    (the weight gradient)."""
     weights, activations = set(), set()
     for node in graph.nodes:
         if node.target in (aten.mm.default, aten.addmm.default) and _widened_logits(node):

@@ -25,7 +25,13 @@ from jax import lax
 from torch.fx.node import map_arg
 
 from tpu_inductor.core import config
-from tpu_inductor.core.dtypes import TPU_UNSUPPORTED, to_jax_dtype
+from tpu_inductor.core.boundary import is_traced
+from tpu_inductor.core.dtypes import (
+    TPU_UNSUPPORTED,
+    describe_tensor,
+    reject_tpu_64bit,
+    to_jax_dtype,
+)
 from tpu_inductor.core.errors import (
     LoweringError,
     LoweringOutputError,
@@ -66,35 +72,30 @@ PYTHON_OPS: dict[Any, Callable] = {
     operator.xor: operator.xor,
     operator.lshift: operator.lshift,
     operator.rshift: operator.rshift,
-    operator.not_: lambda a: jnp.logical_not(a) if _traced(a) else not a,
-    math.ceil: lambda a: jnp.ceil(a) if _traced(a) else math.ceil(a),
-    math.floor: lambda a: jnp.floor(a) if _traced(a) else math.floor(a),
-    math.trunc: lambda a: jnp.trunc(a) if _traced(a) else math.trunc(a),
-    round: lambda a, n=None: jnp.round(a, n or 0) if _traced(a) else round(a, n),
-    math.sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
-    torch.sym_sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
-    torch._sym_sqrt: lambda a: jnp.sqrt(a) if _traced(a) else math.sqrt(a),
-    torch.sym_float: lambda a: a.astype(jnp.float32) if _traced(a) else float(a),
-    torch.sym_int: lambda a: a.astype(jnp.int32) if _traced(a) else int(a),
-    torch.sym_max: lambda a, b: jnp.maximum(a, b) if _traced(a) or _traced(b) else max(a, b),
-    torch.sym_min: lambda a, b: jnp.minimum(a, b) if _traced(a) or _traced(b) else min(a, b),
+    operator.not_: lambda a: jnp.logical_not(a) if is_traced(a) else not a,
+    math.ceil: lambda a: jnp.ceil(a) if is_traced(a) else math.ceil(a),
+    math.floor: lambda a: jnp.floor(a) if is_traced(a) else math.floor(a),
+    math.trunc: lambda a: jnp.trunc(a) if is_traced(a) else math.trunc(a),
+    round: lambda a, n=None: jnp.round(a, n or 0) if is_traced(a) else round(a, n),
+    math.sqrt: lambda a: jnp.sqrt(a) if is_traced(a) else math.sqrt(a),
+    torch.sym_sqrt: lambda a: jnp.sqrt(a) if is_traced(a) else math.sqrt(a),
+    torch._sym_sqrt: lambda a: jnp.sqrt(a) if is_traced(a) else math.sqrt(a),
+    torch.sym_float: lambda a: a.astype(jnp.float32) if is_traced(a) else float(a),
+    torch.sym_int: lambda a: a.astype(jnp.int32) if is_traced(a) else int(a),
+    torch.sym_max: lambda a, b: jnp.maximum(a, b) if is_traced(a) or is_traced(b) else max(a, b),
+    torch.sym_min: lambda a, b: jnp.minimum(a, b) if is_traced(a) or is_traced(b) else min(a, b),
     torch.sym_sum: lambda args: sum(args),
-    torch.sym_not: lambda a: jnp.logical_not(a) if _traced(a) else not a,
-    torch.sym_ite: lambda b, t, f: jnp.where(b, t, f) if _traced(b) else (t if b else f),
+    torch.sym_not: lambda a: jnp.logical_not(a) if is_traced(a) else not a,
+    torch.sym_ite: lambda b, t, f: jnp.where(b, t, f) if is_traced(b) else (t if b else f),
 }
 for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "log2"):
     # torch._sym_sin, ...: a symbolic float's math.sin
     PYTHON_OPS[getattr(torch, f"_sym_{_name}")] = lambda a, _f=_name: (
         getattr(jnp, {"asin": "arcsin", "acos": "arccos", "atan": "arctan"}.get(_f, _f))(a)
-        if _traced(a)
+        if is_traced(a)
         else getattr(math, _f)(a)
     )
 del _name
-
-
-def _traced(x) -> bool:
-    """Whether a Python-level value is a JAX value (a scalar read with ``.item()``)."""
-    return isinstance(x, jax.Array | jax.core.Tracer)
 
 
 PRECISIONS = {
@@ -109,7 +110,7 @@ def describe_value(v) -> str:
     if isinstance(v, fx.Node):
         v = v.meta.get("val", v.name)
     if isinstance(v, torch.Tensor):
-        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+        return describe_tensor(v.dtype, v.shape)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(describe_value(x) for x in v) + "]"
     return repr(v)
@@ -288,13 +289,7 @@ def check_dtypes(gm: fx.GraphModule, platform: str) -> None:
                 what = "a graph input" if node.op == "placeholder" else describe_node(node)
                 bad.append(f"{what} is {v.dtype}\n      at {user_frame(node)}")
                 break
-    if bad:
-        raise UnsupportedDtypeError(
-            "TPUs have no 64-bit floating point; these values are float64/complex128:\n  - "
-            + "\n  - ".join(bad)
-            + "\nWhat to do: convert them to float32 (tensor.float(), or "
-            "torch.set_default_dtype(torch.float32)) or compile with options={'device': 'cpu'}."
-        )
+    reject_tpu_64bit(bad, "these values")
 
 
 def _check_meta(node: fx.Node, value, bindings: dict | None) -> None:
@@ -609,13 +604,13 @@ def _symbolic_layout(meta: torch.Tensor) -> bool:
 
 
 def _binding_key(bindings: dict) -> tuple:
-    return tuple(sorted((str(k), v) for k, v in bindings.items() if not _traced(v)))
+    return tuple(sorted((str(k), v) for k, v in bindings.items() if not is_traced(v)))
 
 
 def _layout(meta: torch.Tensor, bindings: dict | None):
     """``(size, stride, storage_offset)`` of a view output under ``bindings``, or ``None``
     where a symbol is not bound to a number (a value read in the program)."""
-    bindings = {k: v for k, v in (bindings or {}).items() if not _traced(v)}
+    bindings = {k: v for k, v in (bindings or {}).items() if not is_traced(v)}
     try:
         size = concrete_shape(meta.shape, bindings)
         stride = concrete_shape(meta.stride(), bindings)
@@ -648,7 +643,7 @@ def _replayed_layout(out, env: dict, bindings: dict | None):
         node = node.args[0]
     if not chain or not isinstance(node, fx.Node):
         return None
-    bound = {k: v for k, v in (bindings or {}).items() if not _traced(v)}
+    bound = {k: v for k, v in (bindings or {}).items() if not is_traced(v)}
     try:
         if node.op == "placeholder":
             meta = node.meta["val"]
@@ -667,7 +662,7 @@ def _replayed_layout(out, env: dict, bindings: dict | None):
                 continue
             args = [env[a] if isinstance(a, fx.Node) else a for a in n.args[1:]]
             args = [list(a) if isinstance(a, list | tuple) else a for a in args]
-            if any(_traced(x) for x in torch.utils._pytree.tree_leaves(args)):
+            if any(is_traced(x) for x in torch.utils._pytree.tree_leaves(args)):
                 return None
             value = n.target(value, *args, **n.kwargs)
     except (ValueError, TypeError, RuntimeError, KeyError, IndexError):

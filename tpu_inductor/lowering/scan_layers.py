@@ -33,7 +33,8 @@ Cost: ``jnp.stack`` copies the per-layer inputs once per call (the weights, in a
 step; the saved activations, in a backward), and ``ys`` are sliced apart (a copy each); an
 update scan writes its new values into its input stacks instead of stacked ``ys``. Under a
 sharding plan the stacks and the carry keep the plan's placements (:class:`Placements`). The
-README's Options and docs/architecture.md give the measured compile times and bytes.
+docs/architecture.md gives the compile times and bytes (measured: ``python -m
+benchmarks.scan_layers``).
 """
 
 from __future__ import annotations
@@ -93,11 +94,9 @@ class Placements:
             mesh of more than one device (parameters, optimizer state: the plan's placement).
         batch: the plan's batch sharding (``PartitionSpec("data")`` on its mesh), or ``None``.
 
-    Measured (tests/tpu/test_scan_sharding.py: a tiny Llama's fsdp compile_step for v5e:2x2,
-    libtpu 0.0.42.1): without these constraints XLA sharded the scanned layers' hidden state
-    on its hidden dimension (all-to-alls between layers, 0.91 MiB) instead of the batch, and
-    the step accessed 1.65x the unrolled step's HBM bytes; with them 0.75x, no all-to-all,
-    collective bytes 0.98x of the unrolled step's.
+    Why: without these constraints XLA may shard the scanned layers' hidden state on its
+    hidden dimension instead of the batch, with all-to-alls between layers and more HBM traffic
+    than the unrolled step (``tests/tpu/test_scan_sharding.py`` checks it).
     """
 
     of: dict

@@ -25,14 +25,10 @@ import jax.numpy as jnp
 import torch
 
 from tpu_inductor.core.dtypes import tolerance
-from tpu_inductor.core.errors import raise_failed_assert
+from tpu_inductor.core.errors import PaddingWarning, raise_failed_assert
 from tpu_inductor.core.shapes import bind, concrete, concrete_shape
 from tpu_inductor.runtime.call import draw_seed
 from tpu_inductor.runtime.signatures import python_scalar
-
-
-class PaddingWarning(UserWarning):
-    """Padding to a shape bucket changed a graph's results; it now runs at exact shapes."""
 
 
 def bucket(n: int, spec) -> int:
@@ -100,8 +96,8 @@ def can_pad(compiled) -> bool:
     activations, no inputs updated in place (their shapes must stay the real ones) and no scalar
     read from the sizes (``torch.tensor(x.shape[0]).item()`` must read the real size, not the
     bucket). A backward reads the forward's saved activations, which live on the device: the
-    exact-shape check, run in torch, would read their host placeholders (it did, and handed back
-    wrong gradients: tests/runtime/test_dynamic.py)."""
+    exact-shape check, run in torch, would read their host placeholders and hand back wrong
+    gradients (tests/runtime/test_dynamic.py)."""
     low = compiled.lowered
     return (
         low.dynamic

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)  # TORCH_LOGS="+tpu_inductor.runtime.cache"
 MAX_ENTRIES = 512
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class CacheStats:
     """Counters a test or a user can read: ``tpu_inductor.runtime.cache.STATS``."""
 

@@ -1,8 +1,9 @@
-"""The call: device choice, compiler options, RNG seeds, executables per signature, and
-:class:`CompiledGraph`, which runs one graph.
+"""The call: RNG seeds, executables per signature, and :class:`CompiledGraph`, which runs one
+graph.
 
-How a tensor crosses is ``boundary.py``; what stays on the device (and when a host tensor may
-use its device copy) is ``residency.py``; every crossing is counted in ``transfers.py``.
+The device and the compiler options are chosen in ``core/devices.py``; how a tensor crosses is
+``boundary.py``; what stays on the device (and when a host tensor may use its device copy) is
+``residency.py``; every crossing is counted in ``transfers.py``.
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ from tpu_inductor.core.boundary import (
     tensor_to_jax,
 )
 from tpu_inductor.core.devices import compile_lowered
-from tpu_inductor.core.dtypes import to_jax_dtype
+from tpu_inductor.core.dtypes import describe_tensor, to_jax_dtype
 from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
+from tpu_inductor.core.shapes import strided_index
 from tpu_inductor.core.transfers import D2H, H2D, Counter
 from tpu_inductor.lowering import mesh_scope
 from tpu_inductor.runtime import cache, device_owned
-from tpu_inductor.runtime.device_owned import DeviceTensor, is_owned, lazy_output, mark_pending
+from tpu_inductor.runtime.device_owned import (
+    DeviceTensor,
+    is_owned,
+    lazy_output,
+    mark_pending,
+    unwrap,
+)
 from tpu_inductor.runtime.graph_stats import GraphStats
 from tpu_inductor.runtime.residency import (
     VALUES,
@@ -72,7 +80,7 @@ def draw_seed() -> np.ndarray:
     return words.numpy().astype(np.uint32)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Build:
     """Why and how fast one executable was built (for ``tpu_inductor.report()``)."""
 
@@ -288,7 +296,13 @@ class Executables:
             )
             (self.dump_dir / f"executable{n}.reason.txt").write_text(reason + "\n")
         self.builds.append(
-            Build(signature, reason, seconds, self.stats.hits + self.stats.misses, xla_seconds)
+            Build(
+                signature=signature,
+                reason=reason,
+                seconds=seconds,
+                calls=self.stats.hits + self.stats.misses,
+                xla_seconds=xla_seconds,
+            )
         )
         return reason
 
@@ -437,7 +451,7 @@ class CompiledGraph:
         # No input needs more than the table's answer first (no bumped versions to allow for,
         # no saved handles or zero tangents): then the call loop looks it up itself.
         self._lookup_first = not backward and not bumped
-        # Only switch JAX's default device when it is not already ours (costs ~1 us per call).
+        # Only switch JAX's default device when it is not already ours (a cost on every call).
         self._needs_default_device = jax.devices()[0] != device
         quiet_readonly_numpy_warning()
 
@@ -453,9 +467,9 @@ class CompiledGraph:
         ``torch._dynamo.reset()`` calls this for every graph (``backend._on_dynamo_reset``),
         with ``executables`` where the in-memory cache no longer holds them (an identical graph
         handed over again reuses those it holds, up to ``cache.MAX_ENTRIES``): Dynamo's leftover
-        ``__compiled_fn_*`` globals keep graphs alive after its reset, and an XLA:CPU executable
-        holds ~35 memory maps of JIT code. Kept, they reached Linux's 65,530-map limit in one
-        pytest process and XLA segfaulted in its next compile (CI, exit 139).
+        ``__compiled_fn_*`` globals keep graphs alive after its reset, and each XLA:CPU
+        executable holds memory maps of JIT code, so a long process would run into the
+        kernel's limit on memory maps.
         """
         self._zeros.clear()
         if executables:
@@ -509,7 +523,7 @@ class CompiledGraph:
                 arrays.append(get(slot[0], args[slot[0]]))
                 continue
             members = [args[p] for p in slot]
-            inner = [m._inner if type(m) is DeviceTensor else m for m in members]
+            inner = [unwrap(m) for m in members]
             pairs = zip(slot, inner, strict=True)
             bumped = [p in self._bumped and not is_owned(m) for p, m in pairs]
             stack = VALUES.stack_of(inner, bumped) if not self._backward else None
@@ -721,33 +735,24 @@ def device_input(
     if arr is not None:
         return arr
     device_owned.sync(t)  # a device-owned value whose device copy is gone: its host copy first
-    if private and plan is None:
-        arr = jax.device_put(tensor_to_host(t).copy(), device)
-        if resident or keep or is_owned(t):
-            VALUES.record(t, arr)
-            reason = "resident" if resident else "input"
-            counter.add(H2D, reason, nbytes(t), f"input {i} ({_fmt_tensor(t)})")
-        else:
-            counter.add(H2D, "input", nbytes(t))
-        return arr
+    recorded = resident or keep or is_owned(t)
     if plan is not None:
         arr = plan.put(t, tensor_to_host(t))
         sent = sum(s.data.size for s in arr.addressable_shards) * arr.dtype.itemsize
-        if resident or keep or is_owned(t):
-            VALUES.record(t, arr)
-            reason = "resident" if resident else "input"
-            counter.add(H2D, reason, sent, f"input {i} ({_fmt_tensor(t)})")
-        else:
-            counter.add(H2D, "input", sent)
-        return arr
-    if resident or keep or is_owned(t):
-        arr = tensor_to_jax(t, device)
+    elif private:
+        arr, sent = jax.device_put(tensor_to_host(t).copy(), device), nbytes(t)
+    elif recorded:
+        arr, sent = tensor_to_jax(t, device), nbytes(t)
+    else:
+        counter.add(H2D, "input", nbytes(t))
+        return tensor_to_host(t)
+    if recorded:
         VALUES.record(t, arr)
         reason = "resident" if resident else "input"
-        counter.add(H2D, reason, nbytes(t), f"input {i} ({_fmt_tensor(t)})")
-        return arr
-    counter.add(H2D, "input", nbytes(t))
-    return tensor_to_host(t)
+        counter.add(H2D, reason, sent, f"input {i} ({describe_tensor(t.dtype, t.shape)})")
+    else:
+        counter.add(H2D, "input", sent)
+    return arr
 
 
 def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tensor | None:
@@ -755,7 +760,7 @@ def output_to_host(arr, counter: Counter, reason: str = "output") -> torch.Tenso
     if not isinstance(arr, jax.Array):
         return arr  # None for an output torch leaves undefined (e.g. a masked-out gradient)
     t, owner = jax_to_host(arr)
-    counter.add(D2H, reason, owner.nbytes)  # numpy's nbytes: jax.Array's costs ~5 us
+    counter.add(D2H, reason, owner.nbytes)  # numpy's nbytes: jax.Array's is slower
     VALUES.record(t, arr, owner)
     return t
 
@@ -777,16 +782,8 @@ def with_layout(t: torch.Tensor, layout, position: int) -> torch.Tensor:
         raise TpuInductorError(f"output {position}: shape {list(t.shape)}, its view says {size}")
     if t.stride() == tuple(stride) and t.storage_offset() == offset:
         return t
-    index = torch.full(size, offset, dtype=torch.int64)
-    for d, (n, s) in enumerate(zip(size, stride, strict=True)):
-        shape = [1] * len(size)
-        shape[d] = n
-        index = index + (torch.arange(n) * s).reshape(shape)
+    index = torch.from_numpy(strided_index(size, stride, offset))
     extent = int(index.max()) + 1 if index.numel() else offset
     base = torch.empty(extent, dtype=t.dtype)
     base[index.reshape(-1)] = t.reshape(-1)
     return base.as_strided(size, stride, offset)
-
-
-def _fmt_tensor(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"

@@ -76,7 +76,7 @@ _NEVER = frozenset(
 MAX_PROGRAMS = 1024  # LRU bound on cached programs (and refusals)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class EagerStats:
     """Eager ops on device-owned state whose values were on the device: ``device`` ran there;
     ``host`` ran on the host after syncing what they read (``host_ops``: op -> count);
@@ -147,7 +147,7 @@ def _op_info(func) -> _OpInfo | None:
     return info
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class _Program:
     """One op at one signature, lowered and compiled."""
 
@@ -225,7 +225,7 @@ def _classify(leaves: list) -> tuple[str | None, dict, tuple, object]:
     why = None
     for i, v in enumerate(leaves):
         if isinstance(v, torch.Tensor):
-            t = v._inner if type(v) is device_owned.DeviceTensor else v
+            t = device_owned.unwrap(v)
             if type(t) is not torch.Tensor or t.device.type != "cpu" or t.is_complex():
                 return "a tensor is not a plain CPU tensor", {}, (), None
             if t is not v:
@@ -263,12 +263,12 @@ def _aliased(leaves: list, written: tuple[int, ...]) -> bool:
     views: dict[int, set] = {}
     for v in leaves:
         if isinstance(v, torch.Tensor):
-            t = v._inner if type(v) is device_owned.DeviceTensor else v
+            t = device_owned.unwrap(v)
             key = device_owned._storage_key(t)
             views.setdefault(key, set()).add((t.data_ptr(), t.shape, t.stride(), t.dtype))
     for i in written:
         v = leaves[i]
-        t = v._inner if type(v) is device_owned.DeviceTensor else v
+        t = device_owned.unwrap(v)
         if len(views[device_owned._storage_key(t)]) > 1:
             return True
     return False
@@ -400,18 +400,18 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
     STATS.programs += 1
     STATS.build_seconds += time.perf_counter() - start
     return _Program(
-        jitted,
-        tuple(tensor_leaves),
-        slot_leaves,
-        lowered.output_plan,
-        tuple(getattr(m, "dtype", None) for m in lowered.output_metas),
-        mutations,
-        out_spec,
+        exe=jitted,
+        tensor_leaves=tuple(tensor_leaves),
+        float_leaves=slot_leaves,
+        output_plan=lowered.output_plan,
+        output_dtypes=tuple(getattr(m, "dtype", None) for m in lowered.output_metas),
+        mutations=mutations,
+        out_spec=out_spec,
     )
 
 
 def _example(v, device) -> jax.ShapeDtypeStruct:
-    t = _plain(v)
+    t = device_owned.unwrap(v)
     sharding = jax.sharding.SingleDeviceSharding(device)
     return jax.ShapeDtypeStruct(tuple(t.shape), to_jax_dtype(t.dtype), sharding=sharding)
 
@@ -443,16 +443,12 @@ def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> tuple[fx.Gr
         flat, holder["spec"] = pytree.tree_flatten(out if info.returns == "fresh" else [])
         return flat
 
-    inputs = [_plain(leaves[i]) for i in tensor_leaves]
+    inputs = [device_owned.unwrap(leaves[i]) for i in tensor_leaves]
     table = capture.decomposition_table()
     functional = torch.func.functionalize(f, remove="mutations_and_views")
     with device_owned.top_level_dispatch():
         gm = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*inputs)
     return gm, holder["spec"]
-
-
-def _plain(v):
-    return v._inner if type(v) is device_owned.DeviceTensor else v
 
 
 def _refusal(gm: fx.GraphModule, is_lowerable) -> str | None:

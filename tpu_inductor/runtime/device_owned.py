@@ -22,9 +22,9 @@ the next compiled call sends it again. Ops that read only metadata (views, ``det
 
 Why a subclass and not a flag on plain tensors: a plain tensor's reads (``print``, ``.item()``,
 an eager op) are invisible to us, so a lazy host copy behind one would be a stale number. The
-subclass sees every read. What it costs: ~20-70 us per inference call and ~0.2-0.5 ms per
-training step for ~20 wrapped parameters on a 2-core host (research/residency.md), and one
-recompile the first time a graph sees DeviceTensors (Dynamo guards on the type).
+subclass sees every read. What it costs: a per-call overhead that grows with the number of
+wrapped parameters (measured: ``python -m benchmarks.transfers``), and one recompile the first
+time a graph sees DeviceTensors (Dynamo guards on the type).
 """
 
 from __future__ import annotations

@@ -512,7 +512,7 @@ class StoredExecutables(Executables):
 def _build(signature, reason, seconds, xla):
     from tpu_inductor.runtime.call import Build
 
-    return Build(signature, reason, seconds, 0, xla)
+    return Build(signature=signature, reason=reason, seconds=seconds, xla_seconds=xla)
 
 
 def _with_zeros(exe, arrays: list, zeros: Sequence[int]):

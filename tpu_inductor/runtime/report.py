@@ -10,7 +10,7 @@ from tpu_inductor.core.transfers import Transfers
 from tpu_inductor.runtime import cache, device_eager, residency
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class GraphReport:
     """One lowered graph.
 
@@ -46,7 +46,7 @@ class GraphReport:
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Report:
     """Everything :func:`report` knows; ``str(report)`` is a readable table."""
 

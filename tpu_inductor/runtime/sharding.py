@@ -61,7 +61,7 @@ _TP_RULES = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
     """A validated mesh and sharding plan (``options["mesh"]``, ``options["shardings"]``)."""
 
@@ -168,7 +168,7 @@ def parse_plan(mesh: Any, shardings: Any) -> Plan | None:
             inputs = PartitionSpec("data" if "data" in mesh.axis_names else mesh.axis_names[0])
     if preset == "tp":
         rules = [(p, PartitionSpec(*s)) for p, s in _TP_RULES]
-    return Plan(_auto(mesh), preset, tuple(rules), inputs)
+    return Plan(mesh=_auto(mesh), preset=preset, rules=tuple(rules), inputs=inputs)
 
 
 def _auto(mesh: Mesh) -> Mesh:

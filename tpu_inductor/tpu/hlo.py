@@ -33,7 +33,7 @@ _SKIP = {
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Op:
     """One top-level instruction of an optimized HLO module.
 
@@ -361,10 +361,8 @@ def hbm_bytes(text: str) -> int:
     ``slice-start``), and each of those is counted again where it is read. This counts only
     HBM: an op's operands and results in memory space 0, a prefetch's HBM side once; a loop's
     or call's own operands (its state, passed by reference) not at all. Where nothing fits on
-    chip (arrays of 256 MiB and more) the two agree; for a float32 MLP ``gelu(x @ w1) @ w2`` of
-    ``[4096, 1024]`` activations (v5e) "bytes accessed" is 335.6 MB and this 67.1 MB, its inputs
-    and output once (the hidden activation stays on chip). ``tests/tpu/test_hlo_hbm.py`` checks
-    both.
+    chip the two agree; for an MLP whose hidden activation stays on chip this counts its inputs
+    and output once (``tests/tpu/test_hlo_hbm.py`` checks both).
     """
     return int(per_run(text, functools.partial(_op_bytes, hbm_only=True)))
 
@@ -396,23 +394,6 @@ def split_scope(scope: str) -> tuple[str, str]:
     return "", scope
 
 
-def by_module(ops: list[Op], depth: int = 4) -> list[tuple[str, int, int]]:
-    """``(module, cycles, bytes)`` summed over ops per module path prefix of ``depth`` parts
-    (``model.layers.3.mlp``; ``backward/`` kept in front), most cycles first."""
-    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for op in ops:
-        module = split_scope(op.scope)[0]
-        backward = module.startswith("backward")
-        path = module.removeprefix("backward").lstrip("/")
-        key = ".".join(path.split(".")[:depth]) or ("(no module)" if op.scope else "(unnamed)")
-        key = f"backward/{key}" if backward else key
-        totals[key][0] += op.cycles
-        totals[key][1] += op.bytes
-    rows = [(k, c, b) for k, (c, b) in totals.items()]
-    rows.sort(key=lambda r: (r[1], r[2]), reverse=True)
-    return rows
-
-
 # --- collectives ---------------------------------------------------------------------------------
 
 DCN_TRANSFER = "dcn-send"
@@ -431,7 +412,7 @@ _DCN_SEND = re.compile(
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Collective:
     """One collective of an optimized HLO module (any computation: XLA puts some inside
     fusions).
@@ -488,8 +469,15 @@ def collectives(text: str, num_devices: int) -> list[Collective]:
         if m is None:
             dcn = _DCN_SEND.match(line)
             if dcn is not None:  # the data-center-network leg of a collective across slices
-                found += [Collective(dcn.group(1), DCN_TRANSFER, _array_bytes(dcn.group(2)),
-                                     (), "", None)] * times  # fmt: skip
+                send = Collective(
+                    name=dcn.group(1),
+                    kind=DCN_TRANSFER,
+                    bytes=_array_bytes(dcn.group(2)),
+                    group=(),
+                    scope="",
+                    source=None,
+                )
+                found += [send] * times
             continue
         name, shape, kind, _start, rest = m.groups()
         size = _collective_bytes(shape, kind, bool(_start))

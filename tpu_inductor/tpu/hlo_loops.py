@@ -7,7 +7,7 @@ computation's runs per call: 1 for the entry, a ``while`` body's caller's count 
 trip count, and a called computation (fusions, reductions, branches) its caller's count.
 
 The trip count: XLA writes ``known_trip_count`` into a while's ``backend_config`` on some
-backends; the TPU compiler (libtpu 0.0.42.1) did not for ``scan_layers``' loops, so the bound
+backends; the TPU compiler does not for ``scan_layers``' loops, so the bound
 is read from the loop's condition: the largest integer constant it compares a value against
 with ``direction=LT`` (``i < 32``). A loop whose bound can't be read counts once.
 """

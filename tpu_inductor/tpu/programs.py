@@ -32,8 +32,12 @@ from tpu_inductor.tpu.targets import Target
 _lock = threading.Lock()
 PROGRAMS: list[Program] = []  # in compile order; tpu_inductor.reset() clears it
 
-# compile_step's traceable optimizer steps (train_step.py) call torch/optim's functional updates
-_OPTIMIZER_FILES = ("/torch/optim/", "/tpu_inductor/training/train_step.py")
+# An op is the optimizer's when its stack trace passes through torch/optim's functional updates
+# or through the traceable steps that call them (state initialization included).
+_OPTIMIZER_FILES = (
+    "/torch/optim/",
+    str(pathlib.Path(__file__).parents[1] / "dynamo" / "optimizers.py"),
+)
 TRAINING_STEP = "training step"
 
 
@@ -77,7 +81,7 @@ def cache_role(role: str, lowered, out_info) -> str:
     return role.replace("inference", "decode" if max(rows) == 1 else "prefill")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Program:
     """One XLA program compiled for a target (one executable of one graph).
 
@@ -241,7 +245,7 @@ class Program:
         return max(sides, key=sides.get)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Comm:
     """One collective of a program, placed on the mesh and timed.
 
@@ -279,10 +283,8 @@ def tensor_key(t) -> int:
     """A number naming tensor ``t`` for the life of the process (a :attr:`Value.key`).
 
     Not ``id(t)``: CPython gives a dead object's id to the next one, and a step's programs see
-    tensors at different times. The optimizer's moments, made after the backward ran, took the
-    ids of the backward's freed saved-activation placeholders, so the report counted them as
-    the backward's arguments and left them out of its step peak: 17.6 instead of 25.6 MiB
-    beside it, depending on what ran before in the process (tests/tpu/test_targets.py).
+    tensors at different times, so a tensor made later (an optimizer moment) could pass for a
+    freed one (a saved activation) and be left out of the step's peak.
     """
     i = id(t)
     entry = _KEYS.get(i)
@@ -308,7 +310,7 @@ def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
     for op in ops:
         if op.kind == hlo.DCN_TRANSFER:
             seconds = op.ring_bytes() / (chip.dcn_bytes_per_s or chip.ici_bytes_per_s)
-            comms.append(Comm(op, "slices", "DCN", seconds))
+            comms.append(Comm(op=op, axes="slices", link="DCN", seconds=seconds))
             continue
         group = [i for i in op.group if i < len(flat)]
         axes = "?"
@@ -320,7 +322,7 @@ def place_collectives(ops: list, target: Target, mesh) -> list[Comm]:
         link = "DCN" if len(slices) > 1 else "ICI"
         bandwidth = chip.dcn_bytes_per_s if link == "DCN" else chip.ici_bytes_per_s
         seconds = op.ring_bytes() / (bandwidth or chip.ici_bytes_per_s)
-        comms.append(Comm(op, axes, link, seconds))
+        comms.append(Comm(op=op, axes=axes, link=link, seconds=seconds))
     return comms
 
 
@@ -383,16 +385,12 @@ def compile_measured(lowered, options: dict | None = None):
     each memory space: ``(compiled, {"default": HBM bytes, "vmem": ..., ...})``, the dict empty
     where XLA wrote no buffer assignment (a compile served from a cache).
 
-    Why not ``memory_analysis()`` alone: in libtpu 0.0.42.1 its ``peak_memory_in_bytes`` and,
-    for some programs, its ``temp_size_in_bytes`` count the chip's on-chip VMEM as if it were
-    HBM, and for others its temp is 0 while HBM temporaries exist. Measured with
-    ``XLA_FLAGS=--xla_dump_to=DIR``: the README sample's backward (examples/compile_for_tpu.py
-    --readme-sample, v5e) has 162.9 MB in HBM and 105.9 MB in VMEM, XLA's peak says 264.6 MB;
-    the small hand-written ResNet step of benchmarks/tpu_programs.py has 7.6 MB of HBM
-    temporaries and a temp of 0, ours 8.4 MB and a temp of 16.5 MB (VMEM included). The
-    buffer assignment (XLA's memory-usage report, written to a temporary folder and read here,
-    or read from the user's own ``--xla_dump_to`` folder, left as it is) says which bytes are
-    HBM.
+    Why not ``memory_analysis()`` alone: its ``peak_memory_in_bytes`` and, for some programs,
+    its ``temp_size_in_bytes`` count the chip's on-chip VMEM as if it were HBM, and for others
+    its temp is 0 while HBM temporaries exist (measured: ``python -m benchmarks.tpu_programs``).
+    The buffer assignment (XLA's memory-usage report, written to a temporary folder and read
+    here, or read from the user's own ``--xla_dump_to`` folder, left as it is) says which bytes
+    are HBM.
     """
     # The user's own XLA_FLAGS=--xla_dump_to=DIR keeps its dumps: read this compile's there.
     users = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", ""))

@@ -29,7 +29,7 @@ from tpu_inductor.core.errors import InvalidOptionError
 GiB = 1024**3
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Chip:
     """One TPU device's datasheet figures: a chip's (both TensorCores where a megacore device
     joins two), or half a chip's where the chip is two devices (TPU7x).
@@ -91,40 +91,89 @@ _TPU7X = "https://docs.cloud.google.com/tpu/docs/tpu7x"
 # generation (a 4 GiB broadcast compiled for one device of each; G = GiB).
 CHIPS: dict[str, Chip] = {
     "v4": Chip(
-        "v4", "TPU v4", 32 * GiB, int(30.75 * GiB), 1.2e12, 275e12, None, 300e9, None, 2, 3,
-        "https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s); "
-        "ICI: 6 links of ~50 GB/s, not on Google's page (yobitel.com/knowledge-base/tpu-v4)",
+        generation="v4",
+        device_kind="TPU v4",
+        hbm_bytes=32 * GiB,
+        usable_hbm_bytes=int(30.75 * GiB),
+        hbm_bytes_per_s=1.2e12,
+        bf16_flops=275e12,
+        int8_ops=None,
+        ici_bytes_per_s=300e9,
+        dcn_bytes_per_s=None,
+        cores=2,
+        dims=3,
+        source="https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at "
+        "1,200 GB/s); ICI: 6 links of ~50 GB/s, not on Google's page "
+        "(yobitel.com/knowledge-base/tpu-v4)",
     ),
     "v5e": Chip(
-        "v5e", "TPU v5 lite", 16 * GiB, int(15.75 * GiB), 819e9, 197e12, 394e12, 400e9,
-        6.4e12 / 8 / 256, 1, 2,
-        "https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 394 TOP/s int8, 16 GiB HBM2 "
-        "at 819 GB/s, ICI 400 GB/s bidirectional, DCN 6.4 Tbps per 256-chip pod)",
+        generation="v5e",
+        device_kind="TPU v5 lite",
+        hbm_bytes=16 * GiB,
+        usable_hbm_bytes=int(15.75 * GiB),
+        hbm_bytes_per_s=819e9,
+        bf16_flops=197e12,
+        int8_ops=394e12,
+        ici_bytes_per_s=400e9,
+        dcn_bytes_per_s=6.4e12 / 8 / 256,
+        cores=1,
+        dims=2,
+        source="https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 394 TOP/s int8, 16 GiB "
+        "HBM2 at 819 GB/s, ICI 400 GB/s bidirectional, DCN 6.4 Tbps per 256-chip pod)",
     ),
     "v5p": Chip(
-        "v5p", "TPU v5", 103_000_000_000, int(95.74 * GiB), 2.765e12, 459e12, 918e12, 1200e9,
-        50e9 / 8, 2, 3,
-        f"{_TPU7X} (v5p column: 459 TFLOP/s bf16, 95 GiB HBM at 2,765 GB/s, ICI 1,200 GB/s "
-        "bidirectional, DCN 50 Gb/s per chip); 918 TOP/s int8: https://cloud.google.com/tpu/docs/v5p",
+        generation="v5p",
+        device_kind="TPU v5",
+        hbm_bytes=103_000_000_000,
+        usable_hbm_bytes=int(95.74 * GiB),
+        hbm_bytes_per_s=2.765e12,
+        bf16_flops=459e12,
+        int8_ops=918e12,
+        ici_bytes_per_s=1200e9,
+        dcn_bytes_per_s=50e9 / 8,
+        cores=2,
+        dims=3,
+        source=f"{_TPU7X} (v5p column: 459 TFLOP/s bf16, 95 GiB HBM at 2,765 GB/s, ICI 1,200 "
+        "GB/s bidirectional, DCN 50 Gb/s per chip); 918 TOP/s int8: "
+        "https://cloud.google.com/tpu/docs/v5p",
         hbm_source="10^11 x 1.03 bytes in JAX's TPU table (jax/_src/pallas/mosaic/tpu_info.py); "
         "the datasheet's 95 GiB is below what libtpu lets a program use",
     ),
     "v6e": Chip(
-        "v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB), 1.638e12, 918e12, 1836e12, 800e9,
-        100e9 / 8, 1, 2,
-        f"{_TPU7X} (v6e column: 918 TFLOP/s bf16, 32 GiB HBM at 1,638 GB/s, ICI 800 GB/s "
-        "bidirectional, DCN 100 Gb/s per chip); 1,836 TOP/s int8: https://cloud.google.com/tpu/docs/v6e",
+        generation="v6e",
+        device_kind="TPU v6 lite",
+        hbm_bytes=32 * GiB,
+        usable_hbm_bytes=int(31.25 * GiB),
+        hbm_bytes_per_s=1.638e12,
+        bf16_flops=918e12,
+        int8_ops=1836e12,
+        ici_bytes_per_s=800e9,
+        dcn_bytes_per_s=100e9 / 8,
+        cores=1,
+        dims=2,
+        source=f"{_TPU7X} (v6e column: 918 TFLOP/s bf16, 32 GiB HBM at 1,638 GB/s, ICI 800 GB/s "
+        "bidirectional, DCN 100 Gb/s per chip); 1,836 TOP/s int8: "
+        "https://cloud.google.com/tpu/docs/v6e",
     ),
     # two devices per chip (one per chiplet, as JAX and libtpu expose them): per-device figures
     # are half the chip's
     "tpu7x": Chip(
-        "tpu7x", "TPU7x", 96 * GiB, int(94.75 * GiB), 7.38e12 / 2, 2307e12 / 2, None, 1200e9 / 2,
-        100e9 / 8 / 2, 1, 3,
-        f"{_TPU7X} (per chip: 2,307 TFLOP/s bf16, 4,614 fp8, 192 GiB HBM at 7,380 GB/s, ICI "
-        "1,200 GB/s bidirectional, DCN 100 Gb/s; two devices per chip, each given half)",
+        generation="tpu7x",
+        device_kind="TPU7x",
+        hbm_bytes=96 * GiB,
+        usable_hbm_bytes=int(94.75 * GiB),
+        hbm_bytes_per_s=7.38e12 / 2,
+        bf16_flops=2307e12 / 2,
+        int8_ops=None,
+        ici_bytes_per_s=1200e9 / 2,
+        dcn_bytes_per_s=100e9 / 8 / 2,
+        cores=1,
+        dims=3,
+        source=f"{_TPU7X} (per chip: 2,307 TFLOP/s bf16, 4,614 fp8, 192 GiB HBM at 7,380 GB/s, "
+        "ICI 1,200 GB/s bidirectional, DCN 100 Gb/s; two devices per chip, each given half)",
         devices_per_chip=2,
     ),
-}  # fmt: skip
+}
 _ALIASES = {
     "v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e",
     "v7": "tpu7x", "7x": "tpu7x", "v7x": "tpu7x", "ironwood": "tpu7x",
@@ -132,7 +181,7 @@ _ALIASES = {
 _CORE_COUNTED = ("v4", "v5p", "tpu7x")  # Cloud accelerator types count TensorCores for these
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class Target:
     """A TPU topology to compile for (see :func:`tpu_target`).
 
@@ -299,7 +348,9 @@ def _target(name: str, generation: str, grid: tuple[int, ...], slices: int = 1) 
     if slices > 1:
         topology += f" x{slices} slices"
     devices = _devices(generation, grid, slices)
-    return Target(name, topology, CHIPS[generation], devices, slices)
+    return Target(
+        name=name, topology=topology, chip=CHIPS[generation], devices=devices, slices=slices
+    )
 
 
 @functools.cache

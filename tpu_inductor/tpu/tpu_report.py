@@ -60,7 +60,7 @@ def tpu_op_name(aten: str, opcode: str) -> str:
     return f"{name} ({how})"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Step:
     """Programs that run together once per step (the latest executable of each graph), and
     what stays in HBM between them.
@@ -271,10 +271,10 @@ class TargetReport:
             else:
                 training = [p for p in compiled if p.role in _TRAINING]
             if any(p.role in ("backward", "forward+backward", TRAINING_STEP) for p in training):
-                out.append(Step("training step", training))
+                out.append(Step(name="training step", programs=training))
             inference = [p for p in compiled if p.role not in _TRAINING]
             if inference:
-                out.append(Step("inference", inference))
+                out.append(Step(name="inference", programs=inference))
         return out
 
     def raise_for_errors(self) -> None:

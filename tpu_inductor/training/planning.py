@@ -52,7 +52,7 @@ _SAVE_OPS = frozenset(
 )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Probe:
     """One compile of the step at one size: ``fits``, ``peak_bytes`` per chip, ``seconds``."""
 
@@ -65,7 +65,7 @@ class Probe:
     error: str | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class FitRow:
     """The largest size that fits for one checkpointing choice, and that step's figures.
 
@@ -96,7 +96,7 @@ class FitRow:
         return sum(p.seconds for p in self.probes)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class FitPlan:
     """What :func:`largest_batch` found: one :class:`FitRow` per checkpointing choice."""
 
@@ -244,7 +244,15 @@ def largest_batch(
         path=path,
     )
     rows = [search.row(choice, unit, max_size) for choice in checkpointing]
-    plan = FitPlan(target, over, batch, seq_len, _plan_name(shardings, mesh_axes), rows, path)
+    plan = FitPlan(
+        target=target,
+        over=over,
+        batch=batch,
+        seq_len=seq_len,
+        shardings=_plan_name(shardings, mesh_axes),
+        rows=rows,
+        path=path,
+    )
     if print_table:
         print(plan)
     return plan
@@ -296,20 +304,30 @@ class _Search:
 
     def _row(self, choice: str, size: int | None, probes: list, best: Probe | None = None):
         if best is None:
-            return FitRow(choice, None, 0, 0, self._hbm, 0.0, None, None, probes)
+            return FitRow(
+                checkpointing=choice,
+                size=None,
+                tokens=0,
+                peak_bytes=0,
+                hbm_bytes=self._hbm,
+                roofline_seconds=0.0,
+                mfu_ceiling=None,
+                tokens_per_second=None,
+                probes=probes,
+            )
         b, s = (size, self.seq_len) if self.over == "batch" else (self.batch, size)
         tokens = b * s
         tps = tokens / best.roofline_seconds if best.roofline_seconds else None
         return FitRow(
-            choice,
-            size,
-            tokens,
-            best.peak_bytes,
-            self._hbm,
-            best.roofline_seconds,
-            best.mfu_ceiling,
-            tps,
-            probes,
+            checkpointing=choice,
+            size=size,
+            tokens=tokens,
+            peak_bytes=best.peak_bytes,
+            hbm_bytes=self._hbm,
+            roofline_seconds=best.roofline_seconds,
+            mfu_ceiling=best.mfu_ceiling,
+            tokens_per_second=tps,
+            probes=probes,
         )
 
     def probe(self, choice: str, size: int) -> Probe:
@@ -363,7 +381,15 @@ class _Search:
                 error,
                 seconds,
             )
-            return Probe(size, False, 0, 0.0, None, seconds, error=error)
+            return Probe(
+                size=size,
+                fits=False,
+                peak_bytes=0,
+                roofline_seconds=0.0,
+                mfu_ceiling=None,
+                seconds=seconds,
+                error=error,
+            )
         if not training:
             raise RuntimeError(
                 "largest_batch: the step compiled no training-step program; "
@@ -383,12 +409,12 @@ class _Search:
             seconds,
         )
         return Probe(
-            size,
-            fits,
-            peak,
-            st.roofline_seconds,
-            st.mfu_ceiling,
-            seconds,
+            size=size,
+            fits=fits,
+            peak_bytes=peak,
+            roofline_seconds=st.roofline_seconds,
+            mfu_ceiling=st.mfu_ceiling,
+            seconds=seconds,
             error=errors[0].splitlines()[0] if errors else None,
         )
 

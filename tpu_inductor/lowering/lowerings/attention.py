@@ -38,12 +38,10 @@ def fused_softmax(ctx, query, reads_lse: bool) -> bool:
     platforms of the knob ``fused_softmax_platforms``, for bfloat16 queries, where nothing reads the
     logsumexp (inference).
 
-    NOTE: where the form moved more bytes than torch's (v5e, compile only, ``python -m
-    benchmarks.tpu_programs --layers 1 --only ... --contenders ours-1prog,ours-3prog``):
-    a training forward, which saves the logsumexp for the backward (bf16 one-program steps:
-    Llama 973.2 -> 987.2 MB, ViT 559.0 -> 571.8, BERT 848.5 -> 858.9); float32, whose products
-    ask for ``Precision.HIGHEST`` and are not fused either way (Llama inference 279.3 -> 296.0
-    MB, BERT 332.3 -> 332.2).
+    NOTE: the form is left out where it moves more bytes than torch's: a training forward,
+    which saves the logsumexp for the backward, and float32, whose products ask for
+    ``Precision.HIGHEST`` and are not fused either way (measured: ``python -m
+    benchmarks.tpu_programs --layers 1 --contenders ours-1prog,ours-3prog``).
     """
     return (
         ctx.platform in config.get("fused_softmax_platforms")
@@ -125,22 +123,14 @@ def _fused_softmax(q, k, v, attn_mask, is_causal: bool, scale: float, precision,
     ``[..., kv_heads, S, E]`` keys, masked positions zeroed in the exponentials (not by guarding
     the row max), and the probabilities normalized before ``P @ V``.
 
-    NOTE: each of the three is needed, and bf16 operands must not ask for ``Precision.HIGHEST``
-    (``registry.matmul_precision``). Measured on v5e, compile only: a bf16 block of Q, K, V
-    projections, SDPA over ``[4, 8, 256, 64]`` and the output projection (``nn.Linear``, as
-    attention code writes it), bytes accessed of its inference program: torch's form 48.5 MB
-    (48.7 causal), this form 40.0 (40.2), this form at ``HIGHEST`` 65.2 (65.4), the same block
-    with ``jax.nn.dot_product_attention`` 40.0 (40.1); XLA's cycle estimate 106 k -> 69 k. In
-    JAX alone (same block): ``[..., L, kv_heads, group, E]`` with the other two 48.6 MB; the row
-    max guarded instead 48.6-65.0 MB; normalized after ``P @ V`` 48.5-61.6 MB. Rounding the
-    normalized probabilities to bf16 differs more from torch's kernel (mean 2e-4 against 3e-5
-    at unit-variance inputs); from float64 the error is 1.1x torch's own.
+    NOTE: XLA fuses this attention on a TPU only with all three (as it does
+    ``jax.nn.dot_product_attention``); without any one of them, or with bf16 operands asking for
+    ``Precision.HIGHEST`` (``registry.matmul_precision``), it moves the scores through HBM. The
+    probabilities stay in the operands' dtype until after normalizing: rounding them to bf16
+    later drifts further from torch's kernel (measured: ``python -m benchmarks.tpu_programs``).
 
-    NOTE: at head dimension 128 this form moves more bytes than torch's, as JAX's attention does,
-    and XLA still estimates fewer cycles. Same block, ``[4, heads, 256, 128]``: 4 heads 44.3 MB
-    against torch's form 35.9 and JAX's 44.2 (cycles 67 k against 86 k); 8 heads 105.2 against
-    88.5 and 105.1 (124 k against 160 k); 2 heads 23.3 against 16.5 and 14.3 (layout copies of
-    Q and K; 38 k against 50 k). Head dimensions 32, 64 and 256: within 0.3% of JAX's bytes.
+    NOTE: at head dimension 128 this form, like JAX's attention, can move more bytes than
+    torch's while XLA still estimates fewer cycles; it is kept for the cycles.
     """
     L, S, heads, kv_heads = q.shape[-2], k.shape[-2], q.shape[-3], k.shape[-3]
     q = q.reshape(*q.shape[:-3], kv_heads, heads // kv_heads, L, q.shape[-1])

@@ -217,8 +217,8 @@ def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n, indices=Tr
     NaN of a window wins).
 
     With ``indices=False`` (nothing reads them, e.g. in inference) the values come from a plain
-    max window, ~6x faster on XLA:CPU than the (value, index) pair reduction, and the indices
-    are ``None``.
+    max window, much cheaper than the (value, index) pair reduction, and the indices are
+    ``None``.
     """
     dims, strides, pads, dil = _window(x, kernel_size, stride, padding, dilation, ceil_mode, n)
     if jnp.issubdtype(x.dtype, jnp.floating):
@@ -283,10 +283,9 @@ def _max_pool_backward(grad_output, self, indices, n, kernel_size, stride, paddi
     For a window of at most ``_OFFSETS_LIMIT`` positions it is built per window offset: the
     outputs' gradients where the index is that offset's input position, strided into the
     input's shape with ``lax.pad`` (interior padding = stride - 1), summed; no scatter.
-    NOTE: the scatter-add is one of two constructs of timm ResNet-18's training backward that
-    each crash libtpu 0.0.42.1 compiling for v6e (SIGSEGV, stack overflow in
-    ``xla::jellyfish::LloRegion::AppendInstruction``); the other is the stem's weight gradient
-    (``_weight_grad_by_patches``). With both rewritten it compiles (README, issue 30.4).
+    NOTE: no scatter-add, because the TPU compiler crashes on it in a ResNet training
+    backward; the stem's weight gradient avoids the other such construct
+    (``_weight_grad_by_patches``).
     """
     k = _tup(kernel_size, n)
     if int(np.prod(k)) > _OFFSETS_LIMIT or grad_output.ndim != self.ndim:

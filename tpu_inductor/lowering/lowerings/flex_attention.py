@@ -227,7 +227,9 @@ def _prepare(ctx, q, k, block_mask, score_mod, mask_bufs):
     return mask, score_fn, score_metas
 
 
-def _traced(x) -> bool:
+def _is_tracer(x) -> bool:
+    """Whether ``x`` is known only inside the trace (a concrete array's mask can be evaluated
+    while lowering, so it is not one; compare ``core.boundary.is_traced``)."""
     return isinstance(x, jax.core.Tracer)
 
 
@@ -376,7 +378,7 @@ def _splash_plan(ctx, q, k, v, score_mod, block_mask, score_bufs, mask_bufs, *, 
     interpret = how == "interpret"
     sizes = splash.block_sizes(M, N, interpret)
     static = layout = None
-    if not any(_traced(b) for b in mask_bufs) and not _placeholder_used(sub, 0):
+    if not any(_is_tracer(b) for b in mask_bufs) and not _placeholder_used(sub, 0):
         static = _static_mask_mod(sub, mask_bufs, Hq, M, N, ctx.precision)
         layout = _block_layout(block_mask, M, N)
         if layout is None:  # block tensors that cannot be checked against it: the exact form

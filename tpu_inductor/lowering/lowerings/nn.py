@@ -224,15 +224,10 @@ def batch_norm_functional(
         # Output dtypes from torch's meta: with half-precision inputs the saved statistics stay
         # half and the new running stats come out float32 (copied back into the buffers).
         return tuple(v.astype(ctx.out_dtype(i)) for i, v in enumerate((out, mean, rstd, rm, rv)))
-    rstd = lax.rsqrt(upcast(running_var) + eps)
-    out = _bn_apply(input, upcast(running_mean), rstd, weight, bias)
-    return (
-        out,
-        jnp.zeros(ctx.out_shape(1), ctx.out_dtype(1)),
-        jnp.zeros(ctx.out_shape(2), ctx.out_dtype(2)),
-        running_mean.astype(ctx.out_dtype(3)),
-        running_var.astype(ctx.out_dtype(4)),
+    outs = batch_norm_no_training(
+        ctx, input, weight, bias, running_mean, running_var, momentum, eps
     )
+    return (*outs, running_mean.astype(ctx.out_dtype(3)), running_var.astype(ctx.out_dtype(4)))
 
 
 # aten::_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias,

@@ -623,22 +623,22 @@ def to_copy(
 lowers(torch.ops.prims.gcd.default)(_binary(jnp.gcd))
 
 
-# prims::div(Tensor self, Tensor other) -> Tensor: true division for floats, C (truncating)
-# division for integers. aten.lcm decomposes into it (after guarding gcd == 0).
 # prims::div(Tensor self, Tensor other) -> Tensor
 @lowers(torch.ops.prims.div.default)
 def prims_div(ctx, self, other):
+    # NOTE: true division for floats, C (truncating) division for integers; aten.lcm
+    # decomposes into it (after guarding gcd == 0).
     a, b = jnp.asarray(self), jnp.asarray(other)
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return lax.div(a, b)
     return a / b
 
 
-# prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor: what a float .item()
-# becomes under capture_scalar_outputs (a float32 -> float64 -> float32 round trip).
 # prims::convert_element_type(Tensor a, ScalarType dtype) -> Tensor
 @lowers(torch.ops.prims.convert_element_type.default)
 def convert_element_type(ctx, a, dtype):
+    # NOTE: what a float .item() becomes under capture_scalar_outputs (a float32 -> float64 ->
+    # float32 round trip).
     return _cast(a, ctx.out_dtype())
 
 

@@ -367,15 +367,11 @@ def matmul_precision(precision, *operands):
     no value on any backend; but XLA:TPU treats an operand asked for ``Precision.HIGHEST`` as a
     multi-pass float32 product:
 
-    - it does not fuse that matmul into its consumer. The bf16 attention scores: the scores were
-      written out and read back by the softmax fusion, 65.2 MB against 40.0 MB for one bf16
-      ``[4, 8, 256, 64]`` attention between its projections (v5e, compile only;
-      ``attention._fused_softmax`` has the setup);
-    - libtpu 0.0.42.1 refuses a bf16 ragged dot asked for it: ``Mosaic failed to compile TPU
-      kernel: Bad lhs type`` (its ``tpu.matmul`` of ``vector<128x128xbf16>`` at
-      ``contract_precision<fp32>``), which refused every bfloat16 MoE training step (Qwen3-MoE:
-      issue 28; measured on v5p, (256, 128) x (8, 128, 128); float16 and float32 compile at
-      HIGHEST).
+    - it does not fuse that matmul into its consumer: bf16 attention scores are written out and
+      read back by the softmax fusion (``attention._fused_softmax``);
+    - Mosaic refuses a bf16 ragged dot (a MoE layer's) asked for it (``Bad lhs type``), so every
+      bfloat16 MoE training step would fail to compile; float16 and float32 compile at
+      HIGHEST.
 
     float16 keeps ``precision``: its 11-bit significands do not fit one bfloat16 pass.
     """
@@ -387,8 +383,3 @@ def matmul_precision(precision, *operands):
 def jdt(dtype: torch.dtype | None, default=None):
     """JAX dtype of an optional torch dtype argument (``None`` -> ``default``)."""
     return default if dtype is None else to_jax_dtype(dtype)
-
-
-def ensure_array(x, dtype=None) -> jax.Array:
-    """A Python scalar or array as a JAX array (of ``dtype`` when given)."""
-    return jnp.asarray(x, dtype=dtype)

@@ -16,7 +16,9 @@ import sympy
 import torch
 from jax import lax
 
+from tpu_inductor.core.boundary import is_traced
 from tpu_inductor.core.errors import ASSERT_FAILED
+from tpu_inductor.core.shapes import strided_index
 from tpu_inductor.core.sources import user_frame
 from tpu_inductor.core.transfers import D2H, TOTAL
 from tpu_inductor.lowering.lowerings.registry import lowers
@@ -28,15 +30,11 @@ def _dim(d: int, ndim: int) -> int:
     return d + max(ndim, 1) if d < 0 else d
 
 
-def _shape(ctx, shape):
-    """Concrete output shape: torch's -1 resolved from the node's meta."""
-    return ctx.out_shape()
-
-
 # aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
 def view(ctx, self, size):
-    return jnp.reshape(self, _shape(ctx, size))
+    # NOTE: the output's meta shape is ``size`` made concrete (-1 resolved, symbols bound).
+    return jnp.reshape(self, ctx.out_shape())
 
 
 # aten::view.dtype(Tensor(a) self, ScalarType dtype) -> Tensor(a)
@@ -76,7 +74,8 @@ def t(ctx, self):
 # aten::expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
 @lowers(aten.expand.default, aten.expand_copy.default)
 def expand(ctx, self, size, implicit=False):
-    return jnp.broadcast_to(self, _shape(ctx, size))
+    # NOTE: the output's meta shape is ``size`` made concrete (each -1 as the input's size).
+    return jnp.broadcast_to(self, ctx.out_shape())
 
 
 # aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)
@@ -119,7 +118,7 @@ def slice_(ctx, self, dim=0, start=None, end=None, step=1):
 def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     dim = _dim(dim, self.ndim)
     src = src.astype(self.dtype)
-    if _traced(start) or _traced(end):
+    if is_traced(start) or is_traced(end):
         # A position read from a tensor in the program (x[:, i:i + 2] = v under
         # capture_scalar_outputs): src's size is known, the start is the runtime value.
         # NOTE: like lax.dynamic_update_slice, a start past the end is clamped; eager raises.
@@ -134,13 +133,9 @@ def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     return self.at[index].set(src)
 
 
-def _traced(v) -> bool:
-    return isinstance(v, jax.Array | jax.core.Tracer)
-
-
 def _wrap(index, size: int):
     """A position that may be negative (counted from the end), traced or not."""
-    if _traced(index):
+    if is_traced(index):
         return jnp.where(index < 0, index + size, index)
     return index + size if index < 0 else index
 
@@ -152,7 +147,7 @@ def select_scatter(ctx, self, src, dim, index):
     # promotes self with src (an int64 src made an int32 self int64); the result is self's dtype.
     dim = _dim(dim, self.ndim)
     index = _wrap(index, self.shape[dim])  # traced: a position read in the program
-    if _traced(index):
+    if is_traced(index):
         return lax.dynamic_update_index_in_dim(self, src.astype(self.dtype), index, axis=dim)
     return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
@@ -162,7 +157,7 @@ def select_scatter(ctx, self, src, dim, index):
 def select(ctx, self, dim, index):
     dim = _dim(dim, self.ndim)
     index = _wrap(index, self.shape[dim])
-    if _traced(index):  # a position read in the program
+    if is_traced(index):  # a position read in the program
         return lax.dynamic_index_in_dim(self, index, axis=dim, keepdims=False)
     return lax.index_in_dim(self, index, axis=dim, keepdims=False)
 
@@ -172,7 +167,7 @@ def select(ctx, self, dim, index):
 def narrow(ctx, self, dim, start, length):
     dim = _dim(dim, self.ndim)
     start = _wrap(start, self.shape[dim])
-    if _traced(start):  # a position read in the program; the length is known
+    if is_traced(start):  # a position read in the program; the length is known
         return lax.dynamic_slice_in_dim(self, start, length, axis=dim)
     return lax.slice_in_dim(self, start, start + length, axis=dim)
 
@@ -300,21 +295,11 @@ def diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
     return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
 
 
-def _strided_index(size, stride, storage_offset):
-    """Flat storage positions of an as_strided view, as a numpy array of shape ``size``."""
-    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(size, stride, strict=True)):
-        shape = [1] * len(size)
-        shape[d] = n
-        index = index + (np.arange(n) * s).reshape(shape)
-    return index
-
-
 # aten::as_strided(Tensor self, SymInt[] size, SymInt[] stride, SymInt? storage_offset) -> Tensor
 @lowers(aten.as_strided.default, aten.as_strided_copy.default)
 def as_strided(ctx, self, size, stride, storage_offset=None):
     # NOTE: strides index the input's contiguous storage (functionalization hands us bases).
-    index = _strided_index(size, stride, storage_offset)
+    index = strided_index(size, stride, storage_offset)
     return jnp.reshape(self, -1)[jnp.asarray(index)] if index.size else jnp.zeros(size, self.dtype)
 
 
@@ -324,7 +309,7 @@ def as_strided(ctx, self, size, stride, storage_offset=None):
 def as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
     # NOTE: like as_strided, strides index self's contiguous storage; where the view overlaps
     # itself, one of the overlapping src elements wins (torch leaves that unspecified too).
-    index = _strided_index(size, stride, storage_offset)
+    index = strided_index(size, stride, storage_offset)
     if not index.size:
         return self
     flat = (
