@@ -43,9 +43,8 @@ environment variable, its help and whether it changes the programs built.
 import tpu_inductor
 
 with tpu_inductor.config.patch(splash_attention="off"):
-    model = torch.compile(model, backend="tpu")
-    model(x)                       # compiled without the splash kernel
-tpu_inductor.config.get("splash_attention")   # 'auto' again out here
+    y = torch.compile(model, backend="tpu")(x)   # compiled without the splash kernel
+tpu_inductor.config.get("splash_attention")     # 'auto' again out here
 ```
 
 A compile takes one snapshot of every knob when Dynamo hands it its first graph (torch gives a

@@ -365,6 +365,16 @@ def test_block_check_numerics_against_cpu_in_ci_1():
     _run("Check numerics against CPU in CI #1", {"model": MLP(), "x": torch.randn(4, 8)})
 
 
+def test_block_docs_options_md_options_1():
+    """config.patch around a compile; the knob's default again outside it."""
+    x = torch.randn(4, 8)
+    ns = _run("docs/options.md: Options #1", {"model": MLP(), "x": x})
+    assert_same(ns["y"], MLP()(x))
+    assert tpu_inductor.config.get("splash_attention") == "auto"
+    (graph,) = tpu_inductor.report(False).graphs
+    assert graph.nodes > 0
+
+
 def test_block_docs_training_md_custom_ops_and_kernels_1():
     ns = _run("docs/training.md: Custom ops and kernels #1", {})
     x = torch.randn(16)

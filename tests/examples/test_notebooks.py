@@ -8,6 +8,7 @@ the notebook, the cell (its number and id) and the error.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import sys
@@ -55,6 +56,9 @@ def test_runs_top_to_bottom(path, tmp_path, monkeypatch):
         json.dumps({"argv": argv, "display_name": "tpu-inductor test", "language": "python"})
     )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    # the kernel imports this checkout's package, whatever an editable install points at
+    paths = [str(EXAMPLES.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # debugpy's frozen-modules notice
 

@@ -67,7 +67,7 @@ def test_item_as_size_falls_back_naming_the_line(capture_scalars):
 
 def test_assert_scalar_checks_a_concrete_condition():
     lowering = LOWERINGS[aten._assert_scalar.default]
-    ctx = LoweringContext(None, None, ())
+    ctx = LoweringContext(node=None, precision=None, arg_metas=())
     assert lowering(ctx, (True, "fine"), {}) is None
     with pytest.raises(RuntimeError, match="u0 >= 0"):
         lowering(ctx, (False, "Runtime assertion failed for expression u0 >= 0"), {})
