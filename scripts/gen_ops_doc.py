@@ -26,10 +26,18 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "conformance")]  # this checkout
 
 import core_aten  # noqa: E402
 import opinfo_harness as H  # noqa: E402
+import torch  # noqa: E402
 
 from tpu_inductor.lowering.lowerings import LOWERINGS  # noqa: E402
 
 OUT = ROOT / "docs" / "ops.md"
+
+
+def _aten_lowered() -> int:
+    """ATen overloads in the table (its other rows: higher-order ops, our own functions)."""
+    return sum(1 for op in LOWERINGS if isinstance(op, torch._ops.OpOverload))
+
+
 DTYPE_NAMES = list(H.DTYPES)
 KIND_ORDER = (
     "lowered",
@@ -143,7 +151,7 @@ def render() -> str:
         "",
         f"- **Core ATen overloads accounted for: {covered}/{len(core)}** ("
         + ", ".join(f"{kinds[k]} {k}" for k in KIND_ORDER if k in kinds)
-        + f"); {len(LOWERINGS)} ATen overloads have a lowering in all.",
+        + f"); {_aten_lowered()} ATen overloads have a lowering in all.",
     ]
     f32 = stats["float32"]
     out.append(
