@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.first_update [--runs 2]``
 
-The README's ``update()`` on ``tests/helpers.tiny_llama()`` after one backward: per call, the
+docs/training.md's ``update()`` on ``tests/helpers.tiny_llama()`` after one backward: per call, the
 seconds it took and the programs it compiled (``tpu_inductor.report().graphs``). Each run is a
 fresh process (Dynamo's caches are per process). Prints one line per run with the load average;
 docs/architecture.md ("Graph breaks and joined optimizer steps") quotes it.

@@ -335,7 +335,7 @@ def run_row(row: Row, layers: int | None, timeout: float) -> dict[str, Any]:
 
 
 def table(records: list[dict]) -> str:
-    """The README's markdown table of the records."""
+    """docs/planning.md's markdown table of the records."""
     head = (
         "| model | target (devices) | plan | layers | batch x seq | fits? | step peak / device "
         "| roofline step | compute / HBM / ICI s | MFU ceiling (model / hw) "

@@ -1,4 +1,5 @@
-"""Turn a results JSON of ``python -m benchmarks.run`` into tables, a plot and the README block.
+"""Turn a results JSON of ``python -m benchmarks.run`` into tables, a plot and the block of
+docs/performance.md.
 
 Every ratio is ``ours / theirs`` of a time (or of a memory peak): below 1 ours is faster
 (smaller), above 1 ours is slower (larger).
@@ -138,7 +139,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def tables(results: dict[str, Any]) -> str:
-    """The results as Markdown tables (what ``benchmarks.run`` prints and the README shows)."""
+    """The results as Markdown tables (what ``benchmarks.run`` prints; performance.md shows)."""
     derive(results)
     out = []
     pc = results.get("percall", {})
@@ -418,7 +419,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
 def readme_block(
     results: dict[str, Any], json_path: str, png_path: str | None, transfers: dict | None = None
 ) -> str:
-    """The README's performance block (between the markers), from one results file (and the
+    """docs/performance.md's block (between the markers), from one results file (and the
     bytes-per-step results of ``python -m benchmarks.transfers`` when given)."""
     lines = [
         START,
@@ -525,7 +526,7 @@ def update_readme(readme: Path, block: str) -> None:
 def write_readme(json_path: Path, readme: Path) -> None:
     """Rewrite ``readme``'s performance block from the results file ``json_path``.
 
-    Paths in the block are relative to the README's folder, so the plot renders on GitHub.
+    Paths in the block are relative to the page's folder, so the plot renders on GitHub.
     """
     import json
     import os

@@ -585,7 +585,7 @@ def readme_block(
     rel_png: str | None,
     markers: tuple[str, str] = (README_START, README_END),
 ) -> str:
-    """The README's TPU-programs block, from a results file (and the levers file)."""
+    """docs/performance.md's TPU-programs block, from a results file (and the levers file)."""
     start, end = markers
     c = data["conditions"]
     v = c["versions"]

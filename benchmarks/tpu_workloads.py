@@ -157,7 +157,7 @@ def torch_workload(model_name: str, small: bool, dtype):
 
 
 def describe(sizes: dict, batch: dict) -> str:
-    """The models' sizes and batches, in words (the README's table header)."""
+    """The models' sizes and batches, in words (docs/performance.md's table header)."""
     out = []
     if "llama" in sizes:
         s = sizes["llama"]

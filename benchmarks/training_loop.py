@@ -1,4 +1,4 @@
-"""The README's recommended training loop: time, bytes crossing and activation bytes per step.
+"""docs/training.md's training loop: time, bytes crossing and activation bytes per step.
 
 ``python -m benchmarks.training_loop``
 
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     import tpu_inductor
 
     # transformers' attention wrapper (the kernels package) sets a context variable inside a
-    # checkpointed layer; without this Dynamo graph-breaks there (README "Training loop").
+    # checkpointed layer; without this Dynamo graph-breaks there (docs/training.md).
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     machine = machine_info()
     results = []

@@ -56,7 +56,7 @@ def compile_config(
         fullgraph: ``torch.compile``'s ``fullgraph``.
         dynamic: ``torch.compile``'s ``dynamic``.
         mode: ``None`` or a ``torch.compile`` mode (all compile the same way here).
-        options: backend options (see the README's Options); not together with ``mode``.
+        options: backend options (docs/options.md); not together with ``mode``.
 
     Returns:
         A ``transformers.CompileConfig``.
