@@ -16,7 +16,7 @@ import torch
 import tpu_inductor
 from tpu_inductor.core import config
 from tpu_inductor.dynamo import backend
-from tpu_inductor.dynamo.options import parse_options, program_fingerprint
+from tpu_inductor.dynamo.options import parse_options, plan_of, program_fingerprint
 from tpu_inductor.runtime import cache
 
 CPU = jax.devices("cpu")[0]
@@ -70,7 +70,8 @@ def test_flipping_a_program_knob_changes_every_cache_key(knob):
     """The in-memory graph key and cache_dir's fingerprint both change with the knob."""
     base = parse_options(None)
     flipped = dataclasses.replace(base, **{knob.name: _other(knob)})
-    assert backend._config_key(base, CPU) != backend._config_key(flipped, CPU)
+    keys = [backend._config_key(o, CPU, plan_of(o)) for o in (base, flipped)]
+    assert keys[0] != keys[1]
     fingerprints = [
         program_fingerprint(o, CPU, o.matmul_precision or _torch_precision(), "")
         for o in (base, flipped)
@@ -83,7 +84,7 @@ def test_a_mesh_is_in_the_key_by_its_plan():
     base = parse_options(None)
     dp = parse_options({"mesh": mesh})
     fsdp = parse_options({"mesh": mesh, "shardings": "fsdp"})
-    keys = {backend._config_key(o, CPU) for o in (base, dp, fsdp)}
+    keys = {backend._config_key(o, CPU, plan_of(o)) for o in (base, dp, fsdp)}
     assert len(keys) == 3
 
 

@@ -479,17 +479,17 @@ def _is_ours(value: str) -> bool:
     return value.startswith("tpu_inductor.")
 
 
-def _config_key(opts: Options, device: jax.Device) -> tuple:
+def _config_key(opts: Options, device: jax.Device, plan) -> tuple:
     """Everything besides the graph that changes what a graph compiles to: every knob that
-    changes programs (core/config.py), and two that shape the graph's runtime object."""
+    changes programs (core/config.py), the sharding plan parsed from ``opts`` (``plan``), and
+    two knobs that shape the graph's runtime object."""
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
-    plan = plan_of(opts)
     return (
         config.program_key(opts),
         precision,
         opts.max_executables,
         opts.transfers,
-        str(device),  # compile-only devices of different topologies print alike: target is in
+        str(device),  # compile-only devices that print alike differ by target (program_key)
         custom_ops.fingerprint(),  # lowerings users registered (a replaced one is a new key)
         None if plan is None else plan.key(),
     )
@@ -630,8 +630,8 @@ def _compile_graph(
     check_dtypes(gm, platform)
     precision = opts.matmul_precision or torch.get_float32_matmul_precision()
     options = compiler_options(platform, kind)
-    key = cache.graph_key(gm, (_config_key(opts, device), tuple(sorted(options.items()))))
     plan = plan_of(opts)
+    key = cache.graph_key(gm, (_config_key(opts, device, plan), tuple(sorted(options.items()))))
     n_outputs = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
     whole_forward = kind is GraphKind.FORWARD and not island
     saved = capture.saved_output_positions(n_outputs) if whole_forward else ()
