@@ -16,10 +16,15 @@ RESULTS = ROOT / "benchmarks" / "results"  # the committed figures
 LOCAL = RESULTS / "local"  # the default: git-ignored
 
 
-def add_results_option(parser: argparse.ArgumentParser) -> None:
-    """``--results DIR`` (default ``benchmarks/results/local``) on ``parser``."""
+def add_results_option(
+    parser: argparse.ArgumentParser, *aliases: str, dest: str = "results"
+) -> None:
+    """``--results DIR`` (default ``benchmarks/results/local``) on ``parser``; ``aliases`` are
+    older spellings of the flag a benchmark still accepts (``--out-dir``)."""
     parser.add_argument(
         "--results",
+        *aliases,
+        dest=dest,
         type=Path,
         default=LOCAL,
         help="folder for the results (default benchmarks/results/local, git-ignored; "

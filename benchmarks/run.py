@@ -319,15 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="results name (default <jax backend>-quick or <jax backend>-full)",
     )
-    p.add_argument(
-        "--results",
-        "--out-dir",
-        dest="out_dir",
-        type=Path,
-        default=paths.LOCAL,
-        help="folder for the results (default benchmarks/results/local, git-ignored; "
-        "benchmarks/results holds the committed figures docs/performance.md shows)",
-    )
+    paths.add_results_option(p, "--out-dir", dest="out_dir")
     p.add_argument(
         "--rounds",
         type=int,

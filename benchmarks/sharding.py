@@ -262,13 +262,7 @@ def main(argv=None) -> int:
         default=1,
         help="device counts run at once (smoke tests: the timings then share the cores)",
     )
-    parser.add_argument(
-        "--results",
-        "--out-dir",
-        dest="out_dir",
-        default=str(paths.LOCAL),
-        help="folder for the results (default benchmarks/results/local, git-ignored)",
-    )
+    paths.add_results_option(parser, "--out-dir", dest="out_dir")
     parser.add_argument("--name", default="sharding", help="output file stem")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json-only", action="store_true")

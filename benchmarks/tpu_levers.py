@@ -232,13 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="v5e:2x2")
     p.add_argument("--only", default=WORKLOADS)
     p.add_argument("--hand-from", default="", help="hand-written rows from an earlier run")
-    p.add_argument(
-        "--results",
-        "--out-dir",
-        dest="out_dir",
-        default=str(paths.LOCAL),
-        help="folder for the results (default benchmarks/results/local, git-ignored)",
-    )
+    paths.add_results_option(p, "--out-dir", dest="out_dir")
     p.add_argument("--keep", action="store_true", help="keep the scratch folders")
     p.add_argument(
         "--scratch",

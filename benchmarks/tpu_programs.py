@@ -437,14 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         help="take the hand-written rows from this earlier results file (same sizes and "
         "target) instead of compiling them again",
     )
-    p.add_argument(
-        "--results",
-        "--out-dir",
-        dest="out_dir",
-        default=str(paths.LOCAL),
-        help="folder for the results (default benchmarks/results/local, git-ignored; "
-        "benchmarks/results holds the committed figures docs/performance.md shows)",
-    )
+    paths.add_results_option(p, "--out-dir", dest="out_dir")
     p.add_argument(
         "--merge",
         action="store_true",
