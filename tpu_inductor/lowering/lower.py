@@ -42,7 +42,7 @@ from tpu_inductor.core.errors import (
 )
 from tpu_inductor.core.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
 from tpu_inductor.core.sources import provenance, user_frame
-from tpu_inductor.lowering import leading_dims
+from tpu_inductor.lowering import grouped_kv, leading_dims
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
 from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
 from tpu_inductor.lowering.lowerings.wrappers import wrapped_view
@@ -166,6 +166,8 @@ class LoweredGraph:
             not ``fn``; ``None`` when nothing is stacked.
         tangent_inputs: positions of a backward graph's tangents (AOTAutograd's ``tangents_*``
             placeholders): the gradients of the forward's outputs.
+        gathered: inputs read only by row lookups (an embedding table), ``position -> rows``
+            taken per call: such an input is read by its rows, not whole (``tpu.programs``).
     """
 
     fn: Callable
@@ -184,6 +186,7 @@ class LoweredGraph:
     layouts: dict = dataclasses.field(default_factory=dict)
     packing: Any = None
     tangent_inputs: frozenset[int] = frozenset()
+    gathered: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def packed(self) -> Callable:
@@ -217,6 +220,7 @@ class Mutation:
 
 
 COPY_ = torch.ops.aten.copy_.default
+EMBEDDING = torch.ops.aten.embedding.default
 
 
 def _lowered_as(node: fx.Node) -> Any:
@@ -333,6 +337,7 @@ def lower_graph(
         UnsupportedOpError: listing every op without a lowering.
     """
     check_supported(gm)
+    grouped_kv.read_kv_heads(gm)
     if platform in config.get("leading_dims_platforms"):
         leading_dims.keep_leading_dims(gm)
     if scan_layers:
@@ -406,7 +411,21 @@ def lower_graph(
         tangent_inputs=frozenset(
             i for i, n in enumerate(placeholders) if n.target.startswith("tangents")
         ),
+        gathered=_gathered(placeholders),
     )
+
+
+def _gathered(placeholders) -> dict[int, int]:
+    """Inputs that only ``embedding`` reads (as its table), and the rows it takes per call."""
+    out = {}
+    for i, p in enumerate(placeholders):
+        users = list(p.users)
+        if not users or any(u.target is not EMBEDDING or u.args[0] is not p for u in users):
+            continue
+        rows = [_meta_of(u.args[1]) for u in users]
+        if all(isinstance(r, torch.Tensor) and isinstance(r.numel(), int) for r in rows):
+            out[i] = sum(r.numel() for r in rows)
+    return out
 
 
 def _host_eval(nodes) -> tuple[set, bool]:
