@@ -200,7 +200,8 @@ _PARAM = re.compile(r"parameter\((\d+)\)")
 
 
 def _slices(fused: list[str], comps: dict) -> tuple[dict[int, int], int | None]:
-    """What a fusion reads of each parameter it only slices, and what it writes when it
+    """What a fusion reads of each parameter it only slices (or gathers rows of: an embedding
+    lookup reads its rows, not the table), and what it writes when it
     updates parameters in place: ``({parameter index: bytes read}, bytes written or None)``.
     A parameter read whole (any other use) is left out: it costs its size. Bitcasts of a
     parameter are the parameter, a fusion inside is looked into, and a tuple result adds its
@@ -231,7 +232,7 @@ def _slices(fused: list[str], comps: dict) -> tuple[dict[int, int], int | None]:
             i = alias.get(arg)
             if i is None:
                 continue
-            if opcode == "dynamic-slice" and k == 0:
+            if opcode in ("dynamic-slice", "gather") and k == 0:  # the rows it takes
                 reads[i] = reads.get(i, 0) + _array_bytes(shape)
             elif opcode == "dynamic-update-slice" and k == 0:
                 reads.setdefault(i, 0)  # updated in place: only the update is written
@@ -332,6 +333,8 @@ def _op_bytes(shape, opcode, operands, tail, comps, hbm_only: bool) -> int:
 
     if opcode == "dynamic-slice":
         return 2 * size(shape)
+    if opcode == "gather" and operands:  # the rows it takes, its indices, its result
+        return 2 * size(shape) + sum(size(o) for o in operands[1:])
     if opcode == "dynamic-update-slice" and len(operands) > 1:
         return 2 * size(operands[1])
     if opcode == "fusion":
