@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from tpu_inductor.lowering.lowerings.registry import lowers
 
@@ -253,7 +254,18 @@ def index_add(ctx, self, dim, index, source, alpha=1):
 # aten::index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor
 @lowers(aten.index_copy.default)
 def index_copy(ctx, self, dim, index, source):
-    return _along(self, dim, index, source, lambda s, i, src: s.at[i].set(src))
+    # NOTE: written in place along ``dim`` (a KV cache's positions), not with ``dim`` moved
+    # first: XLA:TPU made that transpose a copy of the whole cache for one kv head per device.
+    if self.ndim == 0:
+        return _along(self, dim, index, source, lambda s, i, src: s.at[i].set(src))
+    dim %= self.ndim
+    idx = _wrap(index.reshape(-1), self.shape[dim])
+    source = jnp.reshape(
+        source.astype(self.dtype), self.shape[:dim] + idx.shape + self.shape[dim + 1 :]
+    )
+    if idx.shape[0] == 1:  # one row (a decode step): an update slice
+        return lax.dynamic_update_slice_in_dim(self, source, idx[0], dim)
+    return self.at[(slice(None),) * dim + (idx,)].set(source)
 
 
 # aten::index_fill.int_Scalar(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
