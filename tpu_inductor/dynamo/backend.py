@@ -302,10 +302,13 @@ def trace_meta_as_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list
         def to_cpu(a):
             return cpu if isinstance(a, torch.device) and a == meta else a
 
-        for node in gm.graph.nodes:
-            node.args = fx.node.map_aggregate(node.args, to_cpu)
-            node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
-        gm.recompile()
+        # the graph and its subgraphs (a scan_layers region's body, a checkpointed block)
+        for sub in gm.modules():
+            if isinstance(sub, fx.GraphModule):
+                for node in sub.graph.nodes:
+                    node.args = fx.node.map_aggregate(node.args, to_cpu)
+                    node.kwargs = fx.node.map_aggregate(node.kwargs, to_cpu)
+                sub.recompile()
     return made
 
 
