@@ -84,6 +84,21 @@ class Plan:
             return NamedSharding(self.mesh, self.inputs)
         return self.replicated()
 
+    def kv_spec(self, shape: Sequence[int]) -> PartitionSpec:
+        """A KV cache's placement (``[batch, kv_heads, positions, head_dim]``): the batch over
+        the data axis (dp, fsdp), the heads over ``model`` (tp), each where the axis divides
+        it; the positions stay whole, so a decode step's attention needs no collective."""
+        names = self.mesh.axis_names
+        batch = self.data_axis if self.preset != "tp" or "data" in names else None
+        heads = "model" if self.preset == "tp" else None
+        spec = PartitionSpec(batch, heads, None, None)
+        return PartitionSpec(
+            *(
+                a if _divides(self.mesh, PartitionSpec(a), (n,)) else None
+                for a, n in zip(spec, shape, strict=False)
+            )
+        )
+
     def put(self, t: torch.Tensor, value) -> jax.Array:
         """``value`` (numpy or a single-device array of ``t``) placed on the mesh."""
         sharding = placement(t, self.mesh) or self.input_sharding(tuple(t.shape))
@@ -238,6 +253,9 @@ def place_graph(plan: Plan, gm: torch.fx.GraphModule, example_inputs: Sequence[A
         ShardingError: listing every tensor a dict rule cannot shard (unknown axis, a dimension
             the axis size does not divide) and every pattern that matches no parameter.
     """
+    for t in kv_caches(gm, example_inputs):
+        if placement(t, plan.mesh) is None:
+            _remember(t, NamedSharding(plan.mesh, plan.kv_spec(tuple(t.shape))))
     named = _state_tensors(gm, example_inputs)
     if not named:
         return
@@ -292,6 +310,22 @@ def _spec_for(plan: Plan, name: str, shape: tuple, matched: set, problems: list)
             if n % size == 0 and n >= size:
                 return PartitionSpec(*([None] * d), plan.data_axis)
     return PartitionSpec()
+
+
+def kv_caches(gm, example_inputs) -> list[torch.Tensor]:
+    """The inputs of Dynamo graph ``gm`` that it updates in place along dimension 2 of four
+    with ``index_copy_`` (a transformers ``StaticCache`` layer's keys or values, ``[batch,
+    kv_heads, positions, head_dim]``)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    by_node = dict(zip(placeholders, example_inputs, strict=False))
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_method" or n.target != "index_copy_" or len(n.args) < 2:
+            continue
+        t = by_node.get(n.args[0])
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and n.args[1] in (2, -2):
+            out.append(t)
+    return out
 
 
 def _state_tensors(gm, example_inputs) -> list[tuple[str, torch.Tensor]]:
