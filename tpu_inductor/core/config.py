@@ -194,6 +194,13 @@ class Options:
         "int",
         advanced=True,
     )
+    decode_key_chunk: int = _knob(
+        1024,
+        "the fewest key positions per step of attention for few queries over a long KV cache "
+        "on the long-attention platforms (a running softmax; from two chunks of keys up)",
+        "int",
+        advanced=True,
+    )
     fused_softmax_platforms: tuple[str, ...] = _knob(
         ("tpu",),
         "platforms where bf16 inference attention takes the fused-softmax form",

@@ -241,6 +241,18 @@ def sdpa_flash_cpu(
                 ctx.platform,
             )
         return out.astype(query.dtype), lse.astype(ctx.out_dtype(1))
+    chunk = long_attention.key_chunk(ctx.platform, query, key, dropout_p, is_causal)
+    if chunk:  # few queries over a long cache: K and V read once
+        heads, kv_heads = query.shape[1], key.shape[1]
+        q = query.reshape(query.shape[0], kv_heads, heads // kv_heads, *query.shape[2:])
+        mask = _grouped_mask(attn_mask, q.ndim, heads, kv_heads)
+        dot = _matmul(ctx.precision, ctx.platform, query.dtype, key.dtype)
+        out, lse = long_attention.key_chunks_forward(
+            q, key, value, mask, _scale(query, scale), dot, chunk
+        )
+        out = out.reshape(*out.shape[:1], heads, *out.shape[3:])
+        lse = lse.reshape(*lse.shape[:1], heads, lse.shape[-1])
+        return out.astype(query.dtype), lse.astype(ctx.out_dtype(1))
     out, lse = attention(
         query,
         key,

@@ -17,6 +17,13 @@ and eager's numbers):
 Both return torch's ``(out, logsumexp)`` (natural log), so either backward takes either
 forward's residuals. Below ``long_attention_min_length`` query rows (a knob) the dense form
 is kept: its scores are small and XLA fuses them.
+
+A third form is for the other shape, few queries over many keys (a decode step over a KV
+cache, inference only): **key chunks** (:func:`key_chunks_forward`), a ``lax.scan`` over
+``decode_key_chunk`` key positions at a time with a running softmax, so each chunk's scores
+stay on chip and K and V are read once. The dense form's scores for a large batch over a long
+cache do not fit on chip, and XLA then reads the cache twice (once for the row max, once
+again to exponentiate).
 """
 
 from __future__ import annotations
@@ -58,6 +65,71 @@ def plan(platform, q, k, v, attn_mask, dropout_p) -> str | None:
     if any(q.shape[2] % c == 0 for c in CHUNKS):
         return "blockwise"
     return None
+
+
+_TRIP_SCORES = 4 << 20  # bytes of float32 scores per trip of the key-chunk loop, at most
+
+
+def key_chunk(platform, q, k, dropout_p, is_causal: bool) -> int:
+    """Key positions per step of :func:`key_chunks_forward` for an SDPA call's ``[B, H, L,
+    E]`` inputs, or 0 for the other forms: on the long-attention platforms, for at most 16 query
+    rows over at least two chunks of keys (the knob ``decode_key_chunk`` is the smallest chunk;
+    it doubles while a trip's scores stay under 4 MiB and two trips are left).
+
+    NOTE: used from two chunks up, not only where the dense form's scores spill: under tp the
+    dense form's small per-device cache made XLA stage the updated cache in VMEM and write it
+    back whole (1.66x the minimum traffic, ``tests/tpu/test_decode.py``). A loop trip costs
+    the compiler's estimate a few microseconds, less than that copy."""
+    chunk = config.get("decode_key_chunk")
+    if platform not in config.get("long_attention_platforms"):
+        return 0
+    if q.ndim != 4 or k.ndim != 4 or dropout_p or is_causal or q.shape[1] % k.shape[1]:
+        return 0
+    B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if L > 16 or S % chunk or S < 2 * chunk:
+        return 0
+    # larger chunks, fewer loop trips, while a trip's float32 scores stay small
+    while S % (4 * chunk) == 0 and B * H * L * 2 * chunk * 4 <= _TRIP_SCORES:
+        chunk *= 2
+    return chunk
+
+
+def key_chunks_forward(q, k, v, mask, scale: float, dot, chunk: int):
+    """``(out, lse)`` of attention of grouped queries ``[..., kv_heads, group, L, E]`` over
+    ``[..., kv_heads, S, E]`` keys and values, ``chunk`` key positions at a time with a running
+    max and sum (flash-decoding's recurrence). ``mask`` broadcasts to the grouped scores (bool,
+    or a float bias); ``dot(subscripts, a, b)`` multiplies with float32 accumulation. Rows that
+    see nothing give 0 and a logsumexp of -inf, as torch's kernels do. ``out`` is float32."""
+    S = k.shape[-2]
+    rows = q.shape[:-1]  # [..., kv_heads, group, L]
+
+    def step(carry, i):
+        m, z, acc = carry
+        kc = lax.dynamic_slice_in_dim(k, i * chunk, chunk, axis=k.ndim - 2)
+        vc = lax.dynamic_slice_in_dim(v, i * chunk, chunk, axis=v.ndim - 2)
+        s = dot("...hgle,...hse->...hgls", q, kc) * scale
+        if mask is not None:
+            mc = mask
+            if mask.shape[-1] == S:
+                mc = lax.dynamic_slice_in_dim(mask, i * chunk, chunk, axis=mask.ndim - 1)
+            s = jnp.where(mc, s, -jnp.inf) if mc.dtype == jnp.bool_ else s + mc.astype(s.dtype)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0)
+        p = jnp.exp(s - shift)
+        keep = jnp.exp(m - shift)  # 0 while nothing was seen (m = -inf)
+        z = z * keep + jnp.sum(p, axis=-1, keepdims=True)
+        acc = acc * keep + dot("...hgls,...hse->...hgle", p.astype(v.dtype), vc)
+        return (m_new, z, acc), None
+
+    init = (
+        jnp.full((*rows, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((*rows, 1), jnp.float32),
+        jnp.zeros((*rows, v.shape[-1]), jnp.float32),
+    )
+    (m, z, acc), _ = lax.scan(step, init, jnp.arange(S // chunk))
+    out = acc / jnp.where(z == 0, 1, z)
+    lse = jnp.where(z == 0, -jnp.inf, m + jnp.log(jnp.where(z == 0, 1, z)))
+    return out, lse[..., 0]
 
 
 # --- splash ---------------------------------------------------------------------------------------
