@@ -117,7 +117,11 @@ class TargetGraph:
                 kind = "other"
             shape = spec.sharding.shard_shape(spec.shape) if spec.shape else spec.shape
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-            values.append(programs.Value(programs.tensor_key(t), kind, nbytes))
+            read = None
+            rows = self.lowered.gathered.get(i)
+            if rows is not None and spec.shape:  # its rows, on this device's share of them
+                read = min(nbytes, rows * nbytes // spec.shape[0])
+            values.append(programs.Value(programs.tensor_key(t), kind, nbytes, read))
         return values
 
     def _compile(self, specs: list, statics: list, values=()) -> programs.Program:
@@ -168,6 +172,7 @@ class TargetGraph:
             values=values,
             spaces=spaces,
         )
+        program.tokens = programs.cache_tokens(self.lowered, out_info)
         return program
 
     def _placeholders(self, program, inputs: list, specs: list, statics: list) -> list:

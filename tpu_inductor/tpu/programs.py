@@ -66,8 +66,24 @@ def cache_role(role: str, lowered, out_info) -> str:
     input in place (a static KV cache: ``index_copy_`` or a slice assignment), else ``role``."""
     if not role.startswith("inference"):
         return role
+    rows = [shape[dim] for shape, dim in _rows_written(lowered, out_info)]
+    if not rows:
+        return role
+    return role.replace("inference", "decode" if max(rows) == 1 else "prefill")
+
+
+def cache_tokens(lowered, out_info) -> int:
+    """Token positions a KV-cache graph writes per call: batch x rows of the first in-place row
+    update (a batch-first cache, ``[batch, heads, positions, head_dim]``); 0 for none."""
+    for shape, dim in _rows_written(lowered, out_info):
+        return int(shape[0] * shape[dim]) if len(shape) > 1 else int(shape[dim])
+    return 0
+
+
+def _rows_written(lowered, out_info) -> list[tuple[tuple, int]]:
+    """``(shape of the rows written, dim)`` per in-place row update of ``lowered``."""
     outs = list(out_info)
-    rows = []
+    found = []
     for m in lowered.mutations:
         delta = m.delta
         if delta is None:
@@ -75,10 +91,8 @@ def cache_role(role: str, lowered, out_info) -> str:
         source = outs[delta[-1]] if delta[-1] < len(outs) else None
         dim = delta[1]
         if source is not None and len(source.shape) > dim % max(len(source.shape), 1):
-            rows.append(source.shape[dim])
-    if not rows:
-        return role
-    return role.replace("inference", "decode" if max(rows) == 1 else "prefill")
+            found.append((tuple(source.shape), dim % len(source.shape)))
+    return found
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -117,6 +131,8 @@ class Program:
         temporaries: its largest HBM temporaries, ``(bytes, scope, source)`` each (the
             module path and ATen op of the instruction that makes it, the user's line), from
             XLA's buffer assignment (:func:`largest_temporaries`).
+        tokens: token positions a decode or prefill program writes into its KV cache per call,
+            all devices together (:func:`cache_tokens`); 0 for other programs.
     """
 
     name: str
@@ -147,6 +163,7 @@ class Program:
     comms: list = dataclasses.field(default_factory=list)
     values: list = dataclasses.field(default_factory=list, repr=False)
     temporaries: list = dataclasses.field(default_factory=list)
+    tokens: int = 0
 
     @property
     def compiled(self) -> bool:
@@ -235,6 +252,35 @@ class Program:
         return max(self.compute_seconds, self.memory_seconds, self.comm_seconds)
 
     @property
+    def minimum_traffic(self) -> float:
+        """The least HBM traffic a call can have, per device: each argument read once (a
+        table read only by row lookups: its rows) and each output written once, less the
+        outputs written in place over a donated argument (for a decode step: the weights, the
+        KV cache, the new K/V rows and the logits). 0 before it compiled."""
+        if not self.memory:
+            return 0.0
+        read = sum(v.bytes if v.read is None else v.read for v in self.values)
+        return float(read + self.memory["output"] - self.memory["alias"])
+
+    @property
+    def tokens_per_s_per_chip(self) -> dict[str, float]:
+        """Tokens per second per chip of a decode or prefill program (:attr:`tokens` per
+        call): ``limit`` at the HBM bandwidth for :attr:`minimum_traffic` (decode), ``compute``
+        at the MXU's peak for its matmuls, ``roofline`` at :attr:`roofline_seconds` (a ceiling)
+        and ``predicted`` at :attr:`predicted_seconds`; empty for other programs."""
+        if not self.tokens or not self.memory:
+            return {}
+        chip = self.target.chip
+        chips = max(self.chips, 1) / chip.devices_per_chip
+        seconds = {
+            "limit": self.minimum_traffic / chip.hbm_bytes_per_s,
+            "compute": self.compute_seconds,
+            "roofline": self.roofline_seconds,
+            "predicted": self.predicted_seconds,
+        }
+        return {k: self.tokens / s / chips for k, s in seconds.items() if s > 0}
+
+    @property
     def bound(self) -> str:
         """``"compute"``, ``"memory"`` or ``"ICI"`` (``"DCN"`` when the collectives between
         slices dominate): which side of the roofline the program is on."""
@@ -268,11 +314,13 @@ class Comm:
 class Value:
     """A tensor input of a program: ``key`` identifies the torch tensor across the programs of
     a step; ``kind``: ``parameter``, ``state`` (updated in place: optimizer state, a KV cache,
-    buffers) or ``other``; ``bytes``: its bytes on one device (its shard)."""
+    buffers) or ``other``; ``bytes``: its bytes on one device (its shard); ``read``: the bytes
+    a call must read of it at least (``None``: all; an embedding table: the rows it takes)."""
 
     key: int
     kind: str
     bytes: int
+    read: int | None = None
 
 
 _KEYS: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (the tensor, weakly; its key)

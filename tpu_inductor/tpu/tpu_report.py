@@ -191,7 +191,7 @@ class Step:
         state = sum(v.bytes for v in args.values() if v.kind == "state")
         parts = [
             ("parameters", params),
-            ("optimizer state and buffers", state),
+            (_state_label(self).replace(" updated in place", ""), state),
             ("other arguments", m["argument"] - params - state),
             ("outputs not aliased", m["output"] - m["alias"]),
             ("temporaries", m["temp"]),
@@ -476,7 +476,7 @@ def _step_lines(step: Step) -> list[str]:
         f"{label} {size(step.resident_bytes(kind))}"
         for kind, label in (
             ("parameter", "parameters"),
-            ("state", "optimizer state and buffers updated in place"),
+            ("state", _state_label(step)),
         )
         if step.resident_bytes(kind)
     ]
@@ -501,7 +501,41 @@ def _step_lines(step: Step) -> list[str]:
         f"({step.hbm_traffic / 2**30:,.3f} GiB HBM traffic), "
         f"collectives {step.comm_seconds * 1e3:,.3f} ms, roofline "
         f"{step.roofline_seconds * 1e3:,.3f} ms{ceiling}; {predicted}",
+        *_token_lines(step),
     ]
+
+
+def _state_label(step: Step) -> str:
+    if any(p.tokens for p in step.programs):
+        return "KV cache and buffers updated in place"
+    return "optimizer state and buffers updated in place"
+
+
+def _token_lines(step: Step) -> list[str]:
+    """Per decode program: its HBM traffic as a multiple of the minimum and its tokens/s/chip
+    ceilings; per prefill program: its compute ceiling."""
+    lines = []
+    for p in step.programs:
+        rates = p.tokens_per_s_per_chip
+        if not rates:
+            continue
+        head = f"  {p.name} ({p.role}, {p.tokens:,} tokens per call): "
+        if p.role.startswith("decode"):
+            lines.append(
+                head
+                + f"HBM traffic {size(p.hbm_traffic)} = {p.hbm_traffic / p.minimum_traffic:.2f}x "
+                f"the minimum {size(p.minimum_traffic)} (arguments read once, an embedding table "
+                "by its rows; outputs not written in place written once); tokens/s/chip: "
+                f"{rates['limit']:,.0f} at the HBM limit, {rates['roofline']:,.0f} at its "
+                f"roofline ({p.bound}-bound), {rates['predicted']:,.0f} predicted"
+            )
+        else:
+            lines.append(
+                head + f"tokens/s/chip: {rates.get('compute', 0):,.0f} at the compute ceiling "
+                f"(matmuls at the bf16 peak), {rates['roofline']:,.0f} at its roofline "
+                f"({p.bound}-bound), {rates['predicted']:,.0f} predicted"
+            )
+    return lines
 
 
 def _temporaries(p: Program | None) -> list[str]:
