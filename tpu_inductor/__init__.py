@@ -37,6 +37,7 @@ from tpu_inductor.runtime.report import report
 from tpu_inductor.tpu.targets import Target, tpu_target
 from tpu_inductor.tpu.tpu_report import tpu_report
 from tpu_inductor.training.planning import largest_batch
+from tpu_inductor.training.serving import serving_plan
 from tpu_inductor.training.train_step import compile_step
 
 __version__ = VERSION
@@ -64,6 +65,7 @@ __all__ = [
     "tpu_target",
     "tpu_report",
     "largest_batch",
+    "serving_plan",
     # modules
     "debug",
     "errors",

@@ -17,7 +17,7 @@ PUBLIC = set(
     compile_step keep_on_device DeviceTensor warmup reset report
     config list_options
     register_lowering registered_lowering unregister_lowering pallas_interpret
-    Target tpu_target tpu_report largest_batch
+    Target tpu_target tpu_report largest_batch serving_plan
     debug errors testing
     """.split()
 )
