@@ -13,9 +13,10 @@ signature (``make_fx`` + functionalization + the backend's decompositions, plus
 - **When it runs on the device.** Every tensor argument is a DeviceTensor or a 0-d tensor (a
   Python-level scalar such as a grad scaler's ``inv_scale``), at least one DeviceTensor's value
   is current on the device (``residency.VALUES``), all such values are on one device, every
-  tensor is contiguous and non-empty, the op returns fresh tensors or changes its arguments in
-  place (no views, no Python scalars: ``.item()`` still syncs), and the traced graph lowers
-  without randomness. Anything else runs on the host as before (:func:`run` returns
+  tensor is non-empty and contiguous or a view of a contiguous base current on the device (the
+  program takes the base's array and applies the view with ``as_strided``; such a view is read,
+  never written), the op returns fresh tensors or changes its arguments in place (no views, no
+  Python scalars: ``.item()`` still syncs), and the traced graph lowers without randomness. Anything else runs on the host as before (:func:`run` returns
   :data:`HOST`), after syncing what it reads.
 - **What crosses.** A DeviceTensor held only on the host is imported once (``resident``) and
   stays; a 0-d host tensor is sent (``input``, its bytes); a 0-d host tensor changed in place
