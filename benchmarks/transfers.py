@@ -16,7 +16,8 @@ where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads
 - ``decode``: greedy ``generate()`` with a static KV cache (16 prompt + 16 new tokens, no EOS
   so every run generates them all), bytes per generated token against the cache's size, over a
   whole generate and per decode step (each way, by reason); ``decode-keep``: the same with
-  ``keep_on_device(model)``, where per decode step only the token ids come back;
+  ``keep_on_device(model)`` and ``tpu_inductor.transformers.inputs_in_forward(model)``, where
+  per decode step only the token ids cross, each way;
 - ``mlp``: one inference call of ``Linear(64, 256) -> GELU -> Linear(256, 64)`` at 1 x 64.
 
 Prints one table and writes ``transfers.json`` to ``--results`` (default the git-ignored
@@ -152,6 +153,8 @@ def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dic
     model.generation_config.eos_token_id = None
     ids = torch.randint(3, 1024, (1, prompt), generator=torch.Generator().manual_seed(2))
     model.forward = torch.compile(model.forward, backend="tpu")
+    if keep_on_device:  # the mask and position ids built in the graph: only the ids go in
+        tpu_inductor.transformers.inputs_in_forward(model)
 
     def run(n):
         return model.generate(

@@ -4,13 +4,18 @@ A tiny transformers Llama generates greedily with a static cache, its ``forward`
 batch 1 and 4. The logits stay on the device: ``outputs.logits[:, -1]`` (a view), the float
 copy and the argmax run there (``device_eager``), so only the chosen ids come back; the cache's
 position counters are stepped on the host too (``host_replay``), so they are not written back.
-What still goes in per step, besides the ids, is the 4-D attention mask transformers builds on
-the host from its 2-D mask every step (batch x cache length bools). Tokens must equal eager's.
+Into the device, per step, transformers sends the last ids, the position ids and a 4-D mask
+(batch x cache length bools) it builds on the host; under
+``tpu_inductor.transformers.inputs_in_forward`` the compiled forward builds the mask and the
+positions itself, from the cache's counter already on the device, and only the ids go in.
+Each step runs 3 programs: the decode graph, the float copy and the argmax. Tokens must equal
+eager's.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -24,7 +29,7 @@ PROMPT = 6
 MARKS: list = []
 
 
-def _models():
+def _models(in_forward: bool = True):
     ref = tiny_llama().eval()
     ref.generation_config.pad_token_id = 0
     ref.generation_config.eos_token_id = None  # every run generates all its tokens
@@ -32,11 +37,16 @@ def _models():
     tpu_inductor.keep_on_device(dev)
     compiled = torch.compile(dev.forward, backend="tpu")
 
-    def forward(*args, **kwargs):  # marks where each decode step starts (see _per_step)
+    # marks where each decode step starts (see _per_step); generate reads the forward's
+    # signature (which inputs it accepts), so the wrapper keeps it, as torch.compile does
+    @functools.wraps(compiled)
+    def forward(*args, **kwargs):
         MARKS.append(TOTAL.copy())
         return compiled(*args, **kwargs)
 
     dev.forward = forward
+    if in_forward:
+        tpu_inductor.transformers.inputs_in_forward(dev)
     return ref, dev
 
 
@@ -62,7 +72,7 @@ def _per_step(model, ids, new: int) -> tuple[torch.Tensor, list]:
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_generate_moves_the_token_ids_per_step(batch):
     tpu_inductor.reset()
-    ref, dev = _models()
+    ref, dev = _models(in_forward=True)
     ids = torch.randint(3, 128, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
     new = 8
     want = _generate(ref, ids, new, do_sample=False)
@@ -70,13 +80,13 @@ def test_greedy_generate_moves_the_token_ids_per_step(batch):
     before = device_eager.STATS.copy()
     got, steps = _per_step(dev, ids, new)
     assert torch.equal(got, want)
-    # the static cache holds prompt + new - 1 positions (the last token's are never written)
-    ids_bytes, mask_bytes = batch * 8, batch * (PROMPT + new - 1)
+    ids_bytes = batch * 8
     for d in steps:
         # d2h: the chosen ids (synced for the host's torch.cat); nothing written back
         assert d.bytes(D2H) == d.bytes(D2H, "sync") == ids_bytes, d.by_reason
-        # h2d: the last ids and the 4-D mask transformers makes on the host each step
-        assert d.bytes(H2D) == d.bytes(H2D, "input") == ids_bytes + mask_bytes, d.by_reason
+        # h2d: the last ids, in one transfer; the mask and positions are the graph's own
+        assert d.bytes(H2D) == d.bytes(H2D, "input") == ids_bytes, d.by_reason
+        assert d.count(H2D) == 1, d.by_reason
     # the slice, float copy and argmax ran on the device: 2 eager programs per step, none built
     ran = device_eager.STATS.device - before.device
     assert ran == 2 * new and device_eager.STATS.programs == before.programs, ran
@@ -88,6 +98,40 @@ def test_greedy_generate_moves_the_token_ids_per_step(batch):
         _generate(dev, ids, n, do_sample=False)
         moved.append(TOTAL.copy() - start)
     assert (moved[0].bytes(D2H) - moved[1].bytes(D2H)) / (new - new // 2) == ids_bytes
+
+
+def test_transformers_inputs_cross_without_inputs_in_forward():
+    """What ``inputs_in_forward`` saves: without it each decode step also sends the position
+    ids (batch x 8 bytes) and the 4-D mask (batch x cache length bools), in 3 transfers."""
+    tpu_inductor.reset()
+    batch = 2
+    ref, dev = _models(in_forward=False)
+    ids = torch.randint(3, 128, (batch, PROMPT), generator=torch.Generator().manual_seed(3))
+    new = 4
+    want = _generate(ref, ids, new, do_sample=False)
+    _generate(dev, ids, new, do_sample=False)
+    got, steps = _per_step(dev, ids, new)
+    assert torch.equal(got, want)
+    # the static cache holds prompt + new - 1 positions (the last token's are never written)
+    mask_bytes = batch * (PROMPT + new - 1)
+    for d in steps:
+        assert d.bytes(H2D) == d.bytes(H2D, "input") == 2 * batch * 8 + mask_bytes, d.by_reason
+        assert d.count(H2D) == 3 and d.bytes(D2H) == batch * 8, d.by_reason
+
+
+def test_padded_prompts_keep_transformers_inputs():
+    """A left-padded batch: the positions and mask depend on the padding, which the forward
+    does not see; ``inputs_in_forward`` leaves them to transformers, and tokens match eager."""
+    tpu_inductor.reset()
+    ref, dev = _models(in_forward=True)
+    ids = torch.randint(3, 128, (2, PROMPT), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    kwargs["cache_implementation"] = "static"
+    want = ref.generate(input_ids=ids, **kwargs)
+    assert torch.equal(dev.generate(input_ids=ids, **kwargs), want)
 
 
 def test_sampling_matches_eager():

@@ -16,8 +16,9 @@ signature (``make_fx`` + functionalization + the backend's decompositions, plus
   tensor is non-empty and contiguous or a view of a contiguous base current on the device (the
   program takes the base's array and applies the view with ``as_strided``; such a view is read,
   never written), the op returns fresh tensors or changes its arguments in place (no views, no
-  Python scalars: ``.item()`` still syncs), and the traced graph lowers without randomness. Anything else runs on the host as before (:func:`run` returns
-  :data:`HOST`), after syncing what it reads.
+  Python scalars: ``.item()`` still syncs), and the traced graph lowers without randomness.
+  Anything else runs on the host as before (:func:`run` returns :data:`HOST`), after syncing
+  what it reads.
 - **What crosses.** A DeviceTensor held only on the host is imported once (``resident``) and
   stays; a 0-d host tensor is sent (``input``, its bytes); a 0-d host tensor changed in place
   (the scaler's ``found_inf``) is written back (``write-back``). Nothing else: results are lazy
