@@ -13,9 +13,11 @@ where an accelerator would copy (``tpu_inductor.report().transfers``). Workloads
   1.0)`` between the backward and the compiled step, its eager ops run on the device
   (``device_eager.py``); ``keep-clip-host``: the same with them synced to the host and run
   there (``TPU_INDUCTOR_EAGER_OPS=host``, what every eager op on device-owned state did before);
-- ``decode``: greedy ``generate()`` with a static KV cache (16 prompt + 16 new tokens), bytes
-  per generated token against the cache's size, over a whole generate and per decode step;
-  ``decode-keep``: the same with ``keep_on_device(model)``;
+- ``decode``: greedy ``generate()`` with a static KV cache (16 prompt + 16 new tokens, no EOS
+  so every run generates them all), bytes per generated token against the cache's size, over a
+  whole generate and per decode step (each way, by reason); ``decode-keep``: the same with
+  ``keep_on_device(model)`` and ``tpu_inductor.transformers.inputs_in_forward(model)``, where
+  per decode step only the token ids cross, each way;
 - ``mlp``: one inference call of ``Linear(64, 256) -> GELU -> Linear(256, 64)`` at 1 x 64.
 
 Prints one table and writes ``transfers.json`` to ``--results`` (default the git-ignored
@@ -146,15 +148,19 @@ def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dic
     if keep_on_device:
         tpu_inductor.keep_on_device(model)
     model.generation_config.pad_token_id = 0
+    # No EOS, rather than min_new_tokens: that processor masks the scores with a vocab-sized
+    # tensor it makes on the host each step, which would pull the logits back.
+    model.generation_config.eos_token_id = None
     ids = torch.randint(3, 1024, (1, prompt), generator=torch.Generator().manual_seed(2))
     model.forward = torch.compile(model.forward, backend="tpu")
+    if keep_on_device:  # the mask and position ids built in the graph: only the ids go in
+        tpu_inductor.transformers.inputs_in_forward(model)
 
     def run(n):
         return model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=n,
-            min_new_tokens=n,
             do_sample=False,
             cache_implementation="static",
         )
@@ -169,12 +175,10 @@ def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dic
     mid = TOTAL.copy()
     run(half)
     d_half = _delta(mid, TOTAL.copy())
-    step_bytes = (
-        d["host_to_device"]
-        + d["device_to_host"]
-        - d_half["host_to_device"]
-        - d_half["device_to_host"]
-    ) / (new - half)
+    steps = new - half
+    step_h2d = (d["host_to_device"] - d_half["host_to_device"]) / steps
+    step_d2h = (d["device_to_host"] - d_half["device_to_host"]) / steps
+    step_bytes = step_h2d + step_d2h
     cfg = model.config
     max_len = prompt + new
     head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -186,6 +190,11 @@ def decode(prompt: int = 16, new: int = 16, keep_on_device: bool = False) -> dic
         "bytes_per_token": total / new,
         "bytes_per_decode_step": step_bytes,
         "x_cache_per_decode_step": step_bytes / cache,
+        "h2d_per_decode_step": step_h2d,
+        "d2h_per_decode_step": step_d2h,
+        "by_reason_per_decode_step": {
+            k: (v - d_half["by_reason"][k]) / steps for k, v in d["by_reason"].items()
+        },
         "tokens": tokens[0].tolist(),
         "h2d_per_token": d["host_to_device"] / new,
         "d2h_per_token": d["device_to_host"] / new,
@@ -244,6 +253,10 @@ def table(results: list[dict]) -> str:
                 f" ways over a generate ({r['x_cache_per_token']:.3f}x the "
                 f"{_fmt(r['cache_bytes'])} KV cache), {_fmt(r['bytes_per_decode_step'])} per decode"
                 f" step ({r['x_cache_per_decode_step']:.3f}x)"
+            )
+            nonzero = {k: v for k, v in r["by_reason_per_decode_step"].items() if v}
+            lines.append(
+                "    per decode step: " + ", ".join(f"{k} {v:.0f} B" for k, v in nonzero.items())
             )
         else:
             lines.append(

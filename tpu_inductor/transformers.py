@@ -15,6 +15,10 @@ plain ``CompileConfig(backend="tpu")`` is skipped with only a one-time log warni
   and, for as long as it is enabled, also honours a plain ``CompileConfig(backend="tpu")``
   passed to that model's ``generate``. It is scoped to the model and undone by
   :meth:`Enabled.disable` or at the end of a ``with`` block.
+- :func:`inputs_in_forward` makes one model's ``generate()`` leave the 4-D attention mask and
+  the position ids of a static-cache decode step to the model's forward, which builds them
+  inside its compiled graph from the cache's position counter (already on the device), instead
+  of building them on the host every step and sending them in. Also scoped to the model.
 
 transformers is imported only when these functions are called, never on import.
 """
@@ -214,3 +218,123 @@ def enable(model, **compile_kwargs) -> Enabled:
     if hasattr(model.__dict__.get("generate"), "__tpu_inductor_enabled__"):
         raise RuntimeError("this model is already enabled; disable() the first handle first")
     return Enabled(model, compile_config(**compile_kwargs))
+
+
+class InForward:
+    """What :func:`inputs_in_forward` did to one model; undo it with :meth:`disable` or ``with``."""
+
+    _NAMES = ("create_masks_for_generate", "_prepare_position_ids_for_generation")
+
+    def __init__(self, model) -> None:
+        from transformers.generation.utils import GenerationMixin
+        from transformers.masking_utils import create_masks_for_generate
+
+        self.model = model
+        self._saved = {n: model.__dict__[n] for n in self._NAMES if n in model.__dict__}
+        cls = type(model)
+        # Only where the model uses transformers' own functions, whose results are known to be
+        # what its forward computes from the cache (a model that overrides them, e.g. for
+        # token types or 3-D rope positions, keeps its own).
+        masks = getattr(cls, "create_masks_for_generate", None)
+        if masks is None or masks is create_masks_for_generate:
+
+            def masks_in_forward(*args, **kwargs):
+                if _forward_builds_mask(kwargs):
+                    return None  # the forward builds it in its graph
+                return create_masks_for_generate(*args, **kwargs)
+
+            model.create_masks_for_generate = masks_in_forward
+        positions = GenerationMixin._prepare_position_ids_for_generation
+        if getattr(cls, "_prepare_position_ids_for_generation", None) is positions:
+
+            def positions_in_forward(inputs_tensor, model_kwargs):
+                if _forward_counts_positions(inputs_tensor, model_kwargs):
+                    return None  # the forward counts them from the cache, in its graph
+                return positions(model, inputs_tensor, model_kwargs)
+
+            model._prepare_position_ids_for_generation = positions_in_forward
+        self.active = True
+
+    def disable(self) -> None:
+        """Give the model back transformers' mask and position-id preparation."""
+        if not self.active:
+            return
+        self.active = False
+        for name in self._NAMES:
+            if name in self._saved:
+                setattr(self.model, name, self._saved[name])
+            else:
+                self.model.__dict__.pop(name, None)
+
+    def __enter__(self) -> InForward:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.disable()
+        return False
+
+
+def _forward_builds_mask(kwargs: dict) -> bool:
+    """Whether the forward, given no mask, builds the same 4-D mask generate would: generate
+    has no 2-D mask (it drops an all-ones one) and nothing else that shapes the mask."""
+    if kwargs.get("attention_mask") is not None:
+        return False  # padding: the forward would need the 2-D mask, which grows every step
+    extra = ("or_mask_function", "and_mask_function", "block_sequence_ids")
+    return all(kwargs.get(k) is None for k in extra)
+
+
+def _forward_counts_positions(inputs_tensor, model_kwargs: dict) -> bool:
+    """Whether the positions generate would compute are the forward's own (``arange`` past the
+    cache's length): no padding, and the mask, if any, covers exactly the new tokens of an
+    empty cache."""
+    import torch
+
+    if model_kwargs.get("input_ids") is not None or inputs_tensor.ndim != 2:
+        return False  # multimodal inputs, or embeddings: their own rules
+    cache = model_kwargs.get("cache")
+    if cache is not None:
+        past = cache.get_seq_length()
+        if isinstance(past, torch.Tensor) or past != 0:
+            return False
+    mask = model_kwargs.get("attention_mask")
+    if mask is None:
+        return True
+    return mask.ndim == 2 and mask.shape == inputs_tensor.shape and bool((mask == 1).all())
+
+
+def inputs_in_forward(model) -> InForward:
+    """Make ``model.generate()`` leave the attention mask and position ids of each decode step
+    to the model's forward, where they are the same values.
+
+    With a static cache, transformers' ``generate`` builds a 4-D bool mask (batch x cache
+    length) and the position ids on the host before every forward, so a compiled forward
+    receives them as inputs: bytes and transfers into the device per generated token. When the
+    prompt has no padding (its 2-D mask is all ones, which generate then drops) the forward
+    builds the same mask, and counts the same positions, itself from the cache's position
+    counter, inside its compiled graph, where the counter already is: then only the token ids
+    go in. This sets, on this model only, ``create_masks_for_generate`` (transformers' hook for
+    models with their own masks) and ``_prepare_position_ids_for_generation`` to versions that
+    return ``None`` in that case and defer to transformers' otherwise (padding, an already
+    filled cache, models that override either). Checked against transformers 5.25.
+
+    Args:
+        model: a transformers model with ``generate`` (a ``GenerationMixin``).
+
+    Returns:
+        An :class:`InForward` handle; ``with inputs_in_forward(model): ...`` undoes it at the
+        end.
+
+    Raises:
+        TypeError: ``model`` has no ``generate``.
+
+    Example:
+        >>> model.forward = torch.compile(model.forward, backend="tpu")
+        >>> with tpu_inductor.transformers.inputs_in_forward(model):
+        ...     out = model.generate(ids, max_new_tokens=20, cache_implementation="static")
+    """
+    if not hasattr(model, "generate") or not hasattr(model, "_prepare_position_ids_for_generation"):
+        raise TypeError(
+            f"{type(model).__name__} has no generate(): inputs_in_forward() is for "
+            "transformers models that generate (GenerationMixin)"
+        )
+    return InForward(model)

@@ -83,3 +83,20 @@ def test_compile_config_checks_at_once():
         make(backend="inductor")
     with pytest.raises(TypeError, match="enable\\(\\) is for transformers models"):
         tpu_inductor.transformers.enable(torch.nn.Linear(2, 2))
+
+
+def test_inputs_in_forward_is_scoped_to_the_model_and_undone():
+    """It sets two attributes on this model only, which generate then reads (eager here: the
+    values are the same either way), and ``disable`` (or ``with``) removes them."""
+    model, ids = _llama_and_prompt()
+    other = tiny_llama().eval()
+    want = _generate(model, ids)
+    with tpu_inductor.transformers.inputs_in_forward(model):
+        assert "create_masks_for_generate" in model.__dict__
+        assert "_prepare_position_ids_for_generation" in model.__dict__
+        assert "create_masks_for_generate" not in other.__dict__
+        assert torch.equal(_generate(model, ids), want)
+    assert "create_masks_for_generate" not in model.__dict__
+    assert "_prepare_position_ids_for_generation" not in model.__dict__
+    with pytest.raises(TypeError, match="inputs_in_forward\\(\\) is for transformers models"):
+        tpu_inductor.transformers.inputs_in_forward(torch.nn.Linear(2, 2))

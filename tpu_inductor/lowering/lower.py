@@ -42,7 +42,7 @@ from tpu_inductor.core.errors import (
 )
 from tpu_inductor.core.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
 from tpu_inductor.core.sources import provenance, user_frame
-from tpu_inductor.lowering import grouped_kv, leading_dims
+from tpu_inductor.lowering import grouped_kv, host_replay, leading_dims
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
 from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
 from tpu_inductor.lowering.lowerings.wrappers import wrapped_view
@@ -212,11 +212,14 @@ class Mutation:
     """Graph input ``input_index`` is updated in place; ``fn``'s result ``value_index`` is its
     new value. ``delta`` says how to write only what changed on the host: ``("index_copy",
     dim, index_result, source_result)`` or ``("slice", dim, start, end, step, source_result)``
-    (result positions in ``fn``'s output), or ``None`` to copy the whole value."""
+    (result positions in ``fn``'s output), or ``None`` to copy the whole value. ``replay``:
+    steps the host runs to compute the new value itself (``host_replay.py``), so nothing is
+    copied."""
 
     input_index: int
     value_index: int
     delta: tuple | None = None
+    replay: tuple | None = None
 
 
 COPY_ = torch.ops.aten.copy_.default
@@ -752,7 +755,8 @@ def _mutations(nodes, placeholders, start: int) -> tuple[tuple, list]:
                 _, source, dim, begin, end, step = args
                 if all(isinstance(v, int | None) for v in (dim, begin, end, step)):
                     delta = ("slice", dim or 0, begin, end, step or 1, result(source))
-        mutations.append(Mutation(index_of[dst], value_index, delta))
+        steps = host_replay.replay_steps(dst, src) if delta is None else None
+        mutations.append(Mutation(index_of[dst], value_index, delta, steps))
     return tuple(mutations), extra
 
 

@@ -38,6 +38,7 @@ from tpu_inductor.core.errors import TpuInductorError, raise_failed_assert
 from tpu_inductor.core.shapes import strided_index
 from tpu_inductor.core.transfers import D2H, H2D, Counter
 from tpu_inductor.lowering import mesh_scope
+from tpu_inductor.lowering.host_replay import replay
 from tpu_inductor.runtime import cache, device_owned
 from tpu_inductor.runtime.device_owned import (
     DeviceTensor,
@@ -683,6 +684,10 @@ class CompiledGraph:
                 t, new = inputs[m.input_index], outs[m.value_index]
                 if lazy and is_owned(t):
                     mark_pending(t, new)
+                    VALUES.record(t, new)
+                    continue
+                if m.replay is not None:  # the host computes it: nothing crosses
+                    t.copy_(replay(m.replay, t))
                     VALUES.record(t, new)
                     continue
                 if isinstance(new, StackSlice):

@@ -13,10 +13,12 @@ signature (``make_fx`` + functionalization + the backend's decompositions, plus
 - **When it runs on the device.** Every tensor argument is a DeviceTensor or a 0-d tensor (a
   Python-level scalar such as a grad scaler's ``inv_scale``), at least one DeviceTensor's value
   is current on the device (``residency.VALUES``), all such values are on one device, every
-  tensor is contiguous and non-empty, the op returns fresh tensors or changes its arguments in
-  place (no views, no Python scalars: ``.item()`` still syncs), and the traced graph lowers
-  without randomness. Anything else runs on the host as before (:func:`run` returns
-  :data:`HOST`), after syncing what it reads.
+  tensor is non-empty and contiguous or a view of a contiguous base current on the device (the
+  program takes the base's array and applies the view with ``as_strided``; such a view is read,
+  never written), the op returns fresh tensors or changes its arguments in place (no views, no
+  Python scalars: ``.item()`` still syncs), and the traced graph lowers without randomness.
+  Anything else runs on the host as before (:func:`run` returns :data:`HOST`), after syncing
+  what it reads.
 - **What crosses.** A DeviceTensor held only on the host is imported once (``resident``) and
   stays; a 0-d host tensor is sent (``input``, its bytes); a 0-d host tensor changed in place
   (the scaler's ``found_inf``) is written back (``write-back``). Nothing else: results are lazy
@@ -194,17 +196,19 @@ def run(func, args: tuple, kwargs: dict):
     if info is None or _get_current_dispatch_mode() is not None:
         return HOST  # reads a Python value, makes a view, or runs under a mode (tracing)
     leaves, spec = _flatten(args, kwargs)
-    why, current, desc, device = _classify(leaves)
+    why, current, views, desc, device = _classify(leaves)
     if not current:
         return HOST  # nothing is on the device: the host has every value
     written = _written_ids(func, info, args, kwargs, leaves)
     if why is None and written and _aliased(leaves, written):
         why = "it writes a tensor that another argument views"
+    if why is None and any(i in views for i in written):
+        why = "it writes a view of a device value"
     if why is None:
         key = (func, spec, desc, device, torch.get_float32_matmul_precision())
         with jax.enable_x64(True):
             with _LOCK:
-                program = _program(func, info, key, leaves, spec, written, device)
+                program = _program(func, info, key, leaves, spec, written, device, views)
             if program is not None:
                 return _call(program, info, args, leaves, current, device)
         why = "it has no lowering at this signature"
@@ -215,11 +219,12 @@ def run(func, args: tuple, kwargs: dict):
     return HOST
 
 
-def _classify(leaves: list) -> tuple[str | None, dict, tuple, object]:
+def _classify(leaves: list) -> tuple[str | None, dict, dict, tuple, object]:
     """Why the op can't run on the device (``None``: it can), the device arrays of the
-    DeviceTensors current there (leaf index -> array), the signature, and the device."""
+    DeviceTensors current there (leaf index -> array; for a view, its base's array), the views
+    among them (leaf index -> :func:`_view_layout`), the signature, and the device."""
     device = None
-    current = {}
+    current, views = {}, {}
     desc = []
     first: dict[int, int] = {}  # id(tensor) -> first leaf index holding it
     why = None
@@ -227,12 +232,23 @@ def _classify(leaves: list) -> tuple[str | None, dict, tuple, object]:
         if isinstance(v, torch.Tensor):
             t = device_owned.unwrap(v)
             if type(t) is not torch.Tensor or t.device.type != "cpu" or t.is_complex():
-                return "a tensor is not a plain CPU tensor", {}, (), None
+                return "a tensor is not a plain CPU tensor", {}, {}, (), None
+            layout = None
             if t is not v:
-                if not t.is_contiguous() or t.numel() == 0:
-                    why = "a DeviceTensor is not contiguous, or empty"
+                if t.numel() == 0:
+                    why = "a DeviceTensor is empty"
                     continue
-                arr = VALUES.lookup(t)
+                arr = VALUES.lookup(t) if t.is_contiguous() else None
+                if arr is None:
+                    base, layout = _view_layout(t)
+                    arr = VALUES.lookup(base) if base is not None else None
+                    if arr is None:
+                        layout = None
+                        if not t.is_contiguous():
+                            why = "a DeviceTensor is a view whose base is not on the device"
+                            continue
+                    else:
+                        views[i] = layout
                 if arr is not None:
                     d = _single_device(arr)
                     if d is None or (device is not None and d != device):
@@ -244,7 +260,7 @@ def _classify(leaves: list) -> tuple[str | None, dict, tuple, object]:
                 # the batch, an activation: an op that takes one is the host's (an eager
                 # forward of a keep_on_device model stays there, as before)
                 why = "a host tensor that is not a scalar takes part"
-            desc.append(("t", tuple(t.shape), t.dtype, first.setdefault(id(v), i)))
+            desc.append(("t", tuple(t.shape), t.dtype, first.setdefault(id(v), i), layout))
         elif isinstance(v, float) and math.isfinite(v):
             desc.append(("f",))
         else:
@@ -254,7 +270,24 @@ def _classify(leaves: list) -> tuple[str | None, dict, tuple, object]:
                 why = f"an argument is unhashable ({type(v).__name__})"
                 continue
             desc.append(("c", type(v), v))
-    return why, current, tuple(desc), device
+    return why, current, views, tuple(desc), device
+
+
+def _view_layout(t: torch.Tensor) -> tuple[torch.Tensor | None, tuple | None]:
+    """The contiguous base a view ``t`` was made from, and where ``t`` lies in it: ``(base
+    shape, size, stride, offset into the base)``; ``(None, None)`` when ``t`` is no such view.
+    A program reads the view from the base's device array (``as_strided``), so making a view
+    and reading it moves nothing."""
+    base = t._base
+    if (
+        type(base) is not torch.Tensor
+        or base.dtype != t.dtype
+        or not base.is_contiguous()
+        or base.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    ):
+        return None, None
+    offset = t.storage_offset() - base.storage_offset()
+    return base, (tuple(base.shape), tuple(t.shape), tuple(t.stride()), offset)
 
 
 def _aliased(leaves: list, written: tuple[int, ...]) -> bool:
@@ -319,7 +352,7 @@ def _written_ids(func, info: _OpInfo, args, kwargs, leaves) -> tuple[int, ...]:
     return tuple(i for i, v in enumerate(leaves) if id(v) in ids)
 
 
-def _program(func, info, key, leaves, spec, written, device) -> _Program | None:
+def _program(func, info, key, leaves, spec, written, device, views) -> _Program | None:
     """The cached program for this signature, built on first use (``None``: refused)."""
     entry = _CACHE.get(key)
     if entry is not None:
@@ -331,13 +364,13 @@ def _program(func, info, key, leaves, spec, written, device) -> _Program | None:
         fkey = key + (tuple(v for v in leaves if isinstance(v, float)),)
         entry = _CACHE.get(fkey)
         if entry is None:
-            entry = _build(func, info, leaves, spec, written, device, dynamic=False)
+            entry = _build(func, info, leaves, spec, written, device, views, dynamic=False)
             _cache_put(fkey, entry or _REFUSED)
         return None if entry is _REFUSED else entry
     floats = any(d[0] == "f" for d in key[2])
-    program = _build(func, info, leaves, spec, written, device, dynamic=floats)
+    program = _build(func, info, leaves, spec, written, device, views, dynamic=floats)
     if program is None and floats:
-        program = _build(func, info, leaves, spec, written, device, dynamic=False)
+        program = _build(func, info, leaves, spec, written, device, views, dynamic=False)
         if program is not None:  # the floats can't be inputs: one program per value
             _cache_put(key, _BAKED)
             _cache_put(key + (tuple(v for v in leaves if isinstance(v, float)),), program)
@@ -346,7 +379,7 @@ def _program(func, info, key, leaves, spec, written, device) -> _Program | None:
     return program
 
 
-def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Program | None:
+def _build(func, info, leaves, spec, written, device, views, *, dynamic: bool) -> _Program | None:
     """Trace, lower and compile ``func`` at this signature (``None``: it can't run here)."""
     from tpu_inductor.core.devices import platform_of
     from tpu_inductor.lowering.lower import is_lowerable, lower_graph
@@ -359,11 +392,11 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
             tensor_leaves.append(i)
     float_leaves = [i for i, v in enumerate(leaves) if isinstance(v, float) and math.isfinite(v)]
     try:
-        gm, out_spec = _trace(func, info, leaves, spec, tensor_leaves, {})
+        gm, out_spec = _trace(func, info, leaves, spec, tensor_leaves, views, {})
         slots = []
         if dynamic:
             perturbed = {i: _perturb(leaves[i], k) for k, i in enumerate(float_leaves)}
-            other, _ = _trace(func, info, leaves, spec, tensor_leaves, perturbed)
+            other, _ = _trace(func, info, leaves, spec, tensor_leaves, views, perturbed)
             slots = _float_slots(gm, other, leaves, perturbed)
             if slots is None:
                 return None
@@ -378,7 +411,7 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
         if lowered.has_rng or lowered.scalar_outputs:
             return None
         slot_leaves = tuple(i for i, _ in slots) if slots else ()
-        inputs = [_example(leaves[i], device) for i in tensor_leaves]
+        inputs = [_example(leaves[i], device, views.get(i)) for i in tensor_leaves]
         inputs += [leaves[i] for i in slot_leaves]
         jitted = jax.jit(lambda *xs: lowered.fn(None, *xs))
         # Compiling ahead surfaces a lowering that needs a float as a Python number (then the
@@ -410,10 +443,11 @@ def _build(func, info, leaves, spec, written, device, *, dynamic: bool) -> _Prog
     )
 
 
-def _example(v, device) -> jax.ShapeDtypeStruct:
+def _example(v, device, view) -> jax.ShapeDtypeStruct:
     t = device_owned.unwrap(v)
+    shape = view[0] if view is not None else tuple(t.shape)  # a view's program takes its base
     sharding = jax.sharding.SingleDeviceSharding(device)
-    return jax.ShapeDtypeStruct(tuple(t.shape), to_jax_dtype(t.dtype), sharding=sharding)
+    return jax.ShapeDtypeStruct(shape, to_jax_dtype(t.dtype), sharding=sharding)
 
 
 def _perturb(v: float, k: int) -> float:
@@ -421,9 +455,12 @@ def _perturb(v: float, k: int) -> float:
     return v * (1 + (k + 1) * 2.0**-9) + (k + 1) * 2.0**-11
 
 
-def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> tuple[fx.GraphModule, object]:
-    """The op as a functional ATen graph over its distinct tensors, and its output structure
-    (``floats``: leaf index -> value to trace with instead of the call's)."""
+def _trace(
+    func, info, leaves, spec, tensor_leaves, views: dict, floats: dict
+) -> tuple[fx.GraphModule, object]:
+    """The op as a functional ATen graph over its distinct tensors (a view's base in its
+    place: ``views``), and its output structure (``floats``: leaf index -> value to trace with
+    instead of the call's)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from tpu_inductor.capture import aot as capture
@@ -432,7 +469,12 @@ def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> tuple[fx.Gr
 
     def f(*tensors):
         vals = list(leaves)
-        by_id = {id(leaves[i]): t for i, t in zip(tensor_leaves, tensors, strict=True)}
+        by_id = {}
+        for i, t in zip(tensor_leaves, tensors, strict=True):
+            if i in views:
+                _, size, stride, offset = views[i]
+                t = t.as_strided(size, stride, offset)
+            by_id[id(leaves[i])] = t
         for i, v in enumerate(vals):
             if isinstance(v, torch.Tensor):
                 vals[i] = by_id[id(v)]
@@ -443,12 +485,19 @@ def _trace(func, info, leaves, spec, tensor_leaves, floats: dict) -> tuple[fx.Gr
         flat, holder["spec"] = pytree.tree_flatten(out if info.returns == "fresh" else [])
         return flat
 
-    inputs = [device_owned.unwrap(leaves[i]) for i in tensor_leaves]
+    inputs = [_input_like(leaves[i], views.get(i)) for i in tensor_leaves]
     table = capture.decomposition_table()
     functional = torch.func.functionalize(f, remove="mutations_and_views")
     with device_owned.top_level_dispatch():
         gm = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*inputs)
     return gm, holder["spec"]
+
+
+def _input_like(v, view) -> torch.Tensor:
+    """What the traced program takes for argument ``v``: its host tensor, or for a view a
+    contiguous tensor of its base's shape."""
+    t = device_owned.unwrap(v)
+    return t if view is None else t.new_empty(view[0])
 
 
 def _refusal(gm: fx.GraphModule, is_lowerable) -> str | None:

@@ -232,7 +232,9 @@ class DeviceTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        reads = func not in _METADATA_ONLY
+        # A view reads no value: its inner tensor views the same storage, whose pending value
+        # is synced (whole) when the view or its base is read.
+        reads = func not in _METADATA_ONLY and not _makes_alias(func)
         if reads and RUN_ON_DEVICE is not None:
             out = RUN_ON_DEVICE(func, args, kwargs)
             if out is not HOST:
