@@ -32,7 +32,7 @@ and first decode calls, reported as seconds), warms up, then ``--repeats`` round
 alternating within each round, each timing ``--steps`` consecutive decode steps; ms/token is the
 median over the rounds. The attention always spans the whole static cache (masked), so the
 position reached does not change the work. The machine (CPU count, torch threads, load average
-at the start) is recorded with the results.
+at the start and at the end) is recorded with the results.
 
 Results: ``<name>.json`` in ``--results`` (default ``benchmarks/results/local``, git-ignored).
 """
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 
@@ -269,7 +270,8 @@ def table(record: dict) -> str:
         f"`{record['command']}`, {record['date']}: {cfg['dtype']}, hidden {cfg['hidden']}, "
         f"{cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, vocab {cfg['vocab']}, "
         f"context {cfg['context']}, prompt {cfg['prompt']}; {m['cpus_usable']} CPUs, "
-        f"{m['torch_threads']} torch threads, load average {m['load_avg'][0]:.2f} at the start.",
+        f"{m['torch_threads']} torch threads, load average {m['load_avg'][0]:.2f} at the start"
+        + (f", {res['load_end'][0]:.2f} at the end." if res.get("load_end") else "."),
         "",
         "| batch | "
         + " | ".join(f"{label[n]} ms/tok" for n in names)
@@ -376,7 +378,9 @@ def main(argv: list[str] | None = None) -> dict:
         "check_steps": args.check_steps,
         "logit_tol": LOGIT_TOL[args.dtype],
     }
-    results = {"config": config, "contenders": args.contenders, "rows": rows}
+    # The start's load average is in ``machine``; other jobs on a shared machine can change it.
+    load_end = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    results = {"config": config, "contenders": args.contenders, "rows": rows, "load_end": load_end}
     folder = args.results
     out = folder / f"{args.name}.json"
     write_record(out, "benchmarks.decode", argv, machine, results)
