@@ -276,7 +276,7 @@ def table(record: dict) -> str:
         "| batch | "
         + " | ".join(f"{label[n]} ms/tok" for n in names)
         + " | "
-        + " | ".join(k for k in res["rows"][0]["ratios"])
+        + " | ".join("/".join(label[n] for n in k.split("/")) for k in res["rows"][0]["ratios"])
         + " | ours compile s (prefill + decode) | agree with eager |",
         "|---:|" + "---:|" * (len(names) + len(res["rows"][0]["ratios"]) + 1) + "---|",
     ]
@@ -293,17 +293,19 @@ def table(record: dict) -> str:
         )
         lines.append(
             f"| {r['batch']} | "
-            + " | ".join(f"{c[n]['ms_per_token']:.2f}" for n in names)
+            + " | ".join(
+                f"{c[n]['ms_per_token']:.1f} ({min(c[n]['samples_ms']):.1f})" for n in names
+            )
             + " | "
             + " | ".join(f"{v:.2f}x" for v in r["ratios"].values())
             + f" | {compile_s} | {agree} |"
         )
     lines += [
         "",
-        f"ms/tok: median over {cfg['repeats']} rounds of {cfg['steps']} decode steps (one token "
-        "for each sequence of the batch); agree: the same greedy tokens as eager after the prefill "
-        f"and each of {cfg['check_steps']} checked steps, logits and KV cache within "
-        f"{LOGIT_TOL[cfg['dtype']]:g} (largest logit difference in brackets).",
+        f"ms/tok: median (fastest) over {cfg['repeats']} rounds of {cfg['steps']} decode "
+        "steps (one token for each sequence of the batch); agree: the same greedy tokens as "
+        f"eager after the prefill and each of {cfg['check_steps']} checked steps, logits and KV "
+        f"cache within {LOGIT_TOL[cfg['dtype']]:g} (largest logit difference in brackets).",
     ]
     return "\n".join(lines) + "\n"
 
