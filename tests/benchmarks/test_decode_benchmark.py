@@ -74,6 +74,19 @@ def test_hand_written_decode_matches_transformers(dtype):
         assert np.asarray(next_ids).tolist() == expected.argmax(-1).tolist()
 
 
+def test_a_differing_token_is_a_tie_only_when_eagers_logits_for_both_are_close():
+    ref = np.array([[0.0, 2.0, 1.99], [5.0, 0.0, 0.0]], np.float32)
+    check = {"tokens_equal": [], "ties": 0, "max_logit_diff": 0.0}
+    decode.compare(check, ref, ref, 0.02, 0.02)
+    near = ref + np.array([[0.0, 0.0, 0.02], [0.0, 0.0, 0.0]], np.float32)  # row 0 flips
+    decode.compare(check, near, ref, 0.02, 0.02)
+    assert check["tokens_equal"] == [True, False] and check["ties"] == 1
+    assert check["max_logit_diff"] == pytest.approx(0.02, abs=1e-6)
+    far = ref + np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 5.5]], np.float32)  # row 1: no tie
+    decode.compare(check, far, ref, 0.02, 0.02)
+    assert check["tokens_equal"] == [True, False, False] and check["ties"] == 1
+
+
 def test_decode_benchmark_runs_and_its_contenders_agree(tmp_path):
     argv = [*TINY, "--batches", "2", "--steps", "2", "--repeats", "2", "--warmup", "1"]
     record = decode.main([*argv, "--check-steps", "2", "--results", str(tmp_path)])
