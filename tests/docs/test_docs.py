@@ -70,6 +70,12 @@ def test_performance_doc_blocks_are_the_generated_ones():
     training = docs.TRAINING.read_text()
     stale = "docs/training.md's bytes per step are stale: python -m benchmarks.docs"
     assert docs.training_loop_block() in training, stale
+    planning = docs.PLANNING.read_text()
+    blocks = docs.planning_blocks()
+    assert len(blocks) == 2, "benchmarks/results/serving.json lacks its decode table or plans"
+    for block in blocks:
+        name = block.split("\n", 1)[0]
+        assert block in planning, f"docs/planning.md's {name} is stale: python -m benchmarks.docs"
 
 
 def test_planning_doc_lists_every_real_size_row():

@@ -42,7 +42,8 @@ from tpu_inductor.core.errors import (
 )
 from tpu_inductor.core.shapes import bind, concrete_shape, graph_is_dynamic, size_only_inputs
 from tpu_inductor.core.sources import provenance, user_frame
-from tpu_inductor.lowering import grouped_kv, host_replay, leading_dims
+from tpu_inductor.lowering import grouped_kv, leading_dims
+from tpu_inductor.lowering.inputs import COPY_, gathered_rows, mutations_of
 from tpu_inductor.lowering.lowerings.registry import LOWERINGS, LoweringContext
 from tpu_inductor.lowering.lowerings.unsupported import UNSUPPORTED, refusal
 from tpu_inductor.lowering.lowerings.wrappers import wrapped_view
@@ -207,25 +208,6 @@ class LoweredGraph:
         return not self.mutations and all(p == ("out", i) for i, p in enumerate(self.output_plan))
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutation:
-    """Graph input ``input_index`` is updated in place; ``fn``'s result ``value_index`` is its
-    new value. ``delta`` says how to write only what changed on the host: ``("index_copy",
-    dim, index_result, source_result)`` or ``("slice", dim, start, end, step, source_result)``
-    (result positions in ``fn``'s output), or ``None`` to copy the whole value. ``replay``:
-    steps the host runs to compute the new value itself (``host_replay.py``), so nothing is
-    copied."""
-
-    input_index: int
-    value_index: int
-    delta: tuple | None = None
-    replay: tuple | None = None
-
-
-COPY_ = torch.ops.aten.copy_.default
-EMBEDDING = torch.ops.aten.embedding.default
-
-
 def _lowered_as(node: fx.Node) -> Any:
     """The node a lowering is looked up and refused for: for a wrapper op (a row with
     ``wraps``, such as ``with_effects``) the op it wraps, else ``node`` itself."""
@@ -359,7 +341,7 @@ def lower_graph(
         for j, m in enumerate(output_metas)
         if output_plan[j][0] == "out" and isinstance(m, torch.Tensor) and _symbolic_layout(m)
     )
-    mutations, extra = _mutations(nodes, placeholders, len(computed))
+    mutations, extra = mutations_of(nodes, placeholders, len(computed))
     host_eval, host_sizes = _host_eval(nodes)
     jax_precision = PRECISIONS[precision]
     contexts = {}
@@ -414,21 +396,8 @@ def lower_graph(
         tangent_inputs=frozenset(
             i for i, n in enumerate(placeholders) if n.target.startswith("tangents")
         ),
-        gathered=_gathered(placeholders),
+        gathered=gathered_rows(placeholders),
     )
-
-
-def _gathered(placeholders) -> dict[int, int]:
-    """Inputs that only ``embedding`` reads (as its table), and the rows it takes per call."""
-    out = {}
-    for i, p in enumerate(placeholders):
-        users = list(p.users)
-        if not users or any(u.target is not EMBEDDING or u.args[0] is not p for u in users):
-            continue
-        rows = [_meta_of(u.args[1]) for u in users]
-        if all(isinstance(r, torch.Tensor) and isinstance(r.numel(), int) for r in rows):
-            out[i] = sum(r.numel() for r in rows)
-    return out
 
 
 def _host_eval(nodes) -> tuple[set, bool]:
@@ -727,47 +696,6 @@ def _alias_base(out) -> fx.Node | None:
     while isinstance(out, fx.Node) and out.target in _ALIASES and isinstance(out.args[0], fx.Node):
         out = out.args[0]
     return out
-
-
-def _mutations(nodes, placeholders, start: int) -> tuple[tuple, list]:
-    """The graph's in-graph input mutations (``copy_(placeholder, new)``) and the extra values
-    ``fn`` returns for them: each new value, then the pieces of delta write-backs."""
-    index_of = {p: i for i, p in enumerate(placeholders)}
-    mutations, extra = [], []
-
-    def result(v) -> int:
-        extra.append(v)
-        return start + len(extra) - 1
-
-    for n in nodes:
-        if n.op != "call_function" or n.target is not COPY_ or n.args[0] not in index_of:
-            continue
-        dst, src = n.args[0], n.args[1]
-        value_index = result(n)
-        delta = None
-        same_shape = _same_shape(dst, src)
-        if same_shape and isinstance(src, fx.Node) and src.args and src.args[0] is dst:
-            if src.target is torch.ops.aten.index_copy.default:
-                _, dim, index, source = src.args
-                delta = ("index_copy", dim, result(index), result(source))
-            elif src.target is torch.ops.aten.slice_scatter.default:
-                args = list(src.args) + [None] * (6 - len(src.args))
-                _, source, dim, begin, end, step = args
-                if all(isinstance(v, int | None) for v in (dim, begin, end, step)):
-                    delta = ("slice", dim or 0, begin, end, step or 1, result(source))
-        steps = host_replay.replay_steps(dst, src) if delta is None else None
-        mutations.append(Mutation(index_of[dst], value_index, delta, steps))
-    return tuple(mutations), extra
-
-
-def _same_shape(dst: fx.Node, src) -> bool:
-    a, b = dst.meta.get("val"), getattr(src, "meta", {}).get("val")
-    return (
-        isinstance(a, torch.Tensor)
-        and isinstance(b, torch.Tensor)
-        and a.shape == b.shape
-        and a.dtype == b.dtype
-    )
 
 
 def _fresh(x):

@@ -281,7 +281,8 @@ def _meta_record(m):
 
 def lowered_from(record: dict):
     """A ``LoweredGraph`` with no function (the runtime calls a loaded executable instead)."""
-    from tpu_inductor.lowering.lower import LoweredGraph, Mutation
+    from tpu_inductor.lowering.inputs import Mutation
+    from tpu_inductor.lowering.lower import LoweredGraph
     from tpu_inductor.lowering.packing import Packing
 
     packing = record["packing"]

@@ -81,7 +81,9 @@ class ServingRow:
 
     @property
     def plan(self) -> str:
-        """``tp 8``, ``dp 8``, ``dp 2 x tp 4``."""
+        """``one chip``, ``tp 8``, ``dp 8``, ``dp 2 x tp 4``."""
+        if self.data == self.model == 1:
+            return "one chip"
         if self.model == 1:
             return f"dp {self.data}"
         return f"tp {self.model}" if self.data == 1 else f"dp {self.data} x tp {self.model}"
