@@ -478,7 +478,8 @@ def transfers_table(record: dict[str, Any]) -> str:
             lines.append(
                 _row(
                     [
-                        f"{w}, per token over a generate / per decode step",
+                        f"{w}, per token over a generate / per decode step"
+                        + (f" (`{r['command']}`, {r['date']})" if r.get("command") else ""),
                         f"{r['ms_per_token']:.1f} ms/token",
                         _bytes(r["h2d_per_token"]),
                         _bytes(r["d2h_per_token"]),
