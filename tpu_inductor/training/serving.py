@@ -363,7 +363,13 @@ class _Serving:
                 seconds,
             )
             return ServingProbe(size=batch, fits=False, peak_bytes=0, seconds=seconds, error=error)
-        program = next(p for p in step.programs if p.tokens)
+        program = next((p for p in step.programs if p.tokens), None)
+        if program is None:
+            raise TypeError(
+                "serving_plan: the decode step wrote no row of a cache in place (a "
+                "transformers StaticCache, [batch, kv_heads, positions, head_dim]); programs: "
+                f"{[(p.name, p.role) for p in step.programs]}"
+            )
         peak = step.peak[0]
         fits = error is None and step.fits
         log.warning(
