@@ -83,8 +83,10 @@ def test_decode_at_the_minimum(target, batch, context):
     # the program's minimum is the hand count (to the small outputs: the index, a counter)
     assert p.minimum_traffic == pytest.approx(minimum, rel=0.002)
     assert p.hbm_traffic <= 1.1 * p.minimum_traffic, (p.hbm_traffic, p.minimum_traffic)
-    # GQA's heads are never copied: no broadcast of the cache in the program
-    assert not [o for o in p.ops if "expand" in o.scope or o.opcode == "broadcast"]
+    # GQA's heads are never copied: no broadcast of the cache in the program (small ones, the
+    # key-chunk loop's initial max and sums, are fine)
+    copies = [o for o in p.ops if "aten::expand" in o.scope or o.opcode == "broadcast"]
+    assert not [o for o in copies if o.bytes > 2**20], copies
     kv = LAYERS * 2 * batch * KV_HEADS * context * HEAD_DIM * BF16
     counters = LAYERS * 8  # each layer's int64 position counter, updated in place too
     assert p.donated_bytes == kv + counters  # the cache, written in place
