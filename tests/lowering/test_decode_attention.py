@@ -54,6 +54,21 @@ def test_a_repeat_something_else_reads_stays():
     torch.testing.assert_close(gm(q, k, v), expected, rtol=0, atol=1e-6)
 
 
+def test_only_one_of_key_and_value_repeated_is_left_alone():
+    """A cast between the cache and its repeat (autocast) hides one repeat: K and V must keep
+    the same heads, so neither is rewired."""
+
+    def f(q, k, v):
+        kr = _repeat_kv(k.to(torch.bfloat16), 2)
+        vr = _repeat_kv(v, 2).to(torch.bfloat16)
+        return aten._scaled_dot_product_flash_attention_for_cpu(q, kr, vr)[0]
+
+    q = torch.randn(1, 4, 3, 8, dtype=torch.bfloat16)
+    k, v = torch.randn(1, 2, 8, 8), torch.randn(1, 2, 8, 8)
+    gm = make_fx(f)(q, k, v)
+    assert grouped_kv.read_kv_heads(gm) == 0
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_over_key_chunks_matches_eager(batch, dtype, monkeypatch):

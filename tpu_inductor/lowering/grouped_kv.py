@@ -71,11 +71,11 @@ def read_kv_heads(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SDPA:
             continue
-        for i in (1, 2):
-            found = _repeated(node.args[i])
-            if found is None:
-                continue
-            source, chain = found
+        # both or neither: the kernels take K and V with the same heads
+        found = [_repeated(node.args[i]) for i in (1, 2)]
+        if None in found or _shape(found[0][0])[1] != _shape(found[1][0])[1]:
+            continue
+        for i, (source, chain) in zip((1, 2), found, strict=True):
             node.update_arg(i, source)
             rewired += 1
             for dead in chain:
