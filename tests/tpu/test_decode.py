@@ -157,7 +157,8 @@ def test_serving_plan_finds_the_largest_batch():
         kv = row.batch // row.data * per_sequence // row.model
         assert kv <= row.kv_bytes <= kv + 64  # and the two layers' position counters
         assert row.x_minimum <= 1.1
-        assert row.decode["limit"] >= row.decode["roofline"] > 0
+        # the roofline is at most the limit (to the HBM counter's rounding of tiled layouts)
+        assert row.decode["limit"] * 1.001 >= row.decode["roofline"] > 0
         assert row.prefill["compute"] > 0
     text = str(plan)
     assert "dp 2 x tp 2" in text and "decode tok/s/chip" in text
