@@ -76,6 +76,9 @@ SKIPS = {
     "checks it reads no undefined name",
     "docs/planning.md: Planning what fits: `largest_batch` #1": "bisects over libtpu compiles "
     "of a training step for a TPU target: tests/tpu/test_planning.py runs it on a tiny Llama",
+    "docs/planning.md: `serving_plan`: how many sequences a slice serves #1": "probes Llama-3.1-"
+    "8B decode steps compiled for a v5e-8 slice (a minute each on 2 cores): "
+    "tests/tpu/test_decode.py runs serving_plan on a small Llama over a 2x2 slice",
 }
 
 # Docs blocks that repeat a README block word for word (run under the README's key).
