@@ -98,7 +98,7 @@ def test_decode_at_the_minimum(target, batch, context):
     rates = p.tokens_per_s_per_chip
     limit = batch / (minimum / p.target.chip.hbm_bytes_per_s)
     assert rates["limit"] == pytest.approx(limit, rel=0.003)
-    assert rates["roofline"] <= rates["limit"] * 1.0001
+    assert rates["roofline"] <= rates["limit"] * 1.001  # to the counter's rounding
     assert f"{rates['limit']:,.0f} at the HBM limit" in text
 
 
