@@ -180,8 +180,12 @@ def serving_block(results_dir: Path = paths.RESULTS) -> str:
                 share, batch, text = PUBLISHED_DECODE[row_id]
                 at = _limit_at(plan, batch)
                 if at is not None:
+                    line = "the line through our probes"
+                    if batch > plan["batch"]:
+                        line += f"; batch {batch} does not fit at this context"
                     published = (
-                        f"{text}: about {_tps(share * at)} of our {_tps(at)} at batch {batch}"
+                        f"{text}: about {_tps(share * at)} of our {_tps(at)} at batch {batch} "
+                        f"({line})"
                     )
             lines.append(
                 f"| {row_id} | {name} | {plan['batch']} | {plan['kv_bytes'] / 2**30:.2f} GiB | "
