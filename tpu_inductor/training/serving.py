@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from tpu_inductor.training.planning import _predict
+
 log = logging.getLogger("tpu_inductor.progress")
 
 
@@ -404,20 +406,14 @@ class _Serving:
 
 
 def _guess(probes: dict, unit: int, hbm: int, top: int) -> int | None:
-    """The batch the line through the two probes nearest the limit predicts to be the last
-    that fits, as a multiple of ``unit``."""
-    measured = sorted((b, p.peak_bytes) for b, p in probes.items() if p.peak_bytes)
-    if len(measured) < 2:
+    """The batch the line through the probes nearest the limit predicts to be the last that
+    fits (``planning._predict``, the training planner's line), within ``[unit, top]``; ``None``
+    before two probes have a peak."""
+    if sum(1 for p in probes.values() if p.peak_bytes) < 2:
         return None
-    fits = [m for m in measured if probes[m[0]].fits]
-    over = [m for m in measured if not probes[m[0]].fits]
-    pair = [fits[-1], over[0]] if fits and over else measured[-2:]
-    (b1, p1), (b2, p2) = pair
-    if b2 == b1 or p2 <= p1:
-        return None
-    per = (p2 - p1) / (b2 - b1)
-    guess = int((b1 + (hbm - p1) / per) // unit) * unit
-    return max(unit, min(guess, top))
+    fits = {b: p for b, p in probes.items() if p.fits}
+    fails = {b: p for b, p in probes.items() if not p.fits}
+    return max(unit, min(_predict(fits, fails, unit, hbm), top))
 
 
 __all__ = ["ServingPlan", "ServingProbe", "ServingRow", "serving_plan"]
